@@ -1,0 +1,70 @@
+# tagma-vllm: the front door. `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+BUILD   ?= build
+VENV    := $(BUILD)/venv
+PY      := $(VENV)/bin/python
+FORK    := PYTHONPATH=scripts $(PY) -m tagma_fork
+TOOLS   := $(VENV)/.tagma-tools
+VLLM_VERSION ?=
+
+.PHONY: help venv fetch apply build-fork worktree export check rebase \
+        rebase-continue rebase-abort pr-branch test test-tooling \
+        test-conformance test-engine lint
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+$(TOOLS): scripts/requirements.txt
+	@mkdir -p $(BUILD)
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet -r scripts/requirements.txt
+	@touch $@
+
+venv: $(TOOLS) ## the tool venv (build/venv) with the fork tooling's deps
+
+fetch: $(TOOLS) ## download the pinned sdist into the cache (sha256 checked)
+	$(FORK) fetch
+
+apply: $(TOOLS) ## build/tree = pristine sdist + patches/series + csrc/tagma
+	$(FORK) apply
+
+build-fork: $(TOOLS) ## apply, then install the patched vLLM into build/venv
+	$(FORK) build
+
+worktree: $(TOOLS) ## build/worktree: base + one commit per patch (FORCE=1 discards)
+	$(FORK) worktree $(if $(FORCE),--force)
+
+export: $(TOOLS) ## write build/worktree back into patches/ (canonical)
+	$(FORK) export
+
+check: $(TOOLS) ## lint the series, apply on the pinned sdist, re-export, no drift
+	$(FORK) check
+
+rebase: $(TOOLS) ## move the stack to VLLM_VERSION (DRY_RUN=1 reports per patch)
+	$(FORK) rebase --to $(VLLM_VERSION) $(if $(DRY_RUN),--dry-run)
+
+rebase-continue: $(TOOLS) ## continue a rebase stopped at a conflict
+	$(FORK) rebase --continue
+
+rebase-abort: $(TOOLS) ## give up a rebase; patches/ and upstream/ stay as they were
+	$(FORK) rebase --abort
+
+pr-branch: $(TOOLS) ## build/pr: upstream + one signed-off commit per patch + engine
+	$(FORK) pr-branch
+
+lint: $(TOOLS) ## ruff + mypy over the tooling
+	$(PY) -m ruff check scripts tests
+	$(PY) -m ruff format --check scripts tests
+	$(PY) -m mypy scripts/tagma_fork
+
+test-tooling: $(TOOLS) ## pytest the fork tooling (apply, export, drift, rebase)
+	$(PY) -m pytest -q tests/tooling
+
+test-conformance: ## vLLM's tests/v1/core from the patched tree (needs build-fork)
+	$(PY) tests/conformance/run.py
+
+test: build-fork ## the README's test command: everything CI runs
+	$(MAKE) check lint test-tooling test-conformance

@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""`make build-fork`: install the patched tree into build/venv.
+
+On a machine without a GPU the Python tree is installed without compiling
+vLLM's CUDA kernels (VLLM_TARGET_DEVICE=empty), next to the CPU build of
+torch, so the patched modules import and their tests run. On a CUDA host the
+kernels come from the pinned wheel (VLLM_USE_PRECOMPILED), so nothing of
+vLLM's CUDA is rebuilt. Either way the tagma extension is built by CMake from
+csrc/tagma, because neither mode runs vLLM's CMake.
+
+Steps already done (same pin, same requirement files) are skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import trees, upstream
+
+# The CPU torch that this machine kind keeps on disk; vLLM 0.25.1 pins
+# 2.11.0 (CUDA), whose CPU tests run the same on 2.13.0.
+CPU_TORCH = "torch==2.13.0"
+# Never constrain these from upstream's lock: a different torch family build
+# would pull a CUDA torch (several GB).
+TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
+# What the conformance tests need beyond vLLM's runtime requirements.
+TEST_REQUIREMENTS = ("pytest", "pytest-asyncio", "tblib", "pytest-timeout")
+
+
+def _step(title: str) -> float:
+    print(f"==> {title}", flush=True)
+    return time.monotonic()
+
+
+def _done(t0: float) -> None:
+    print(f"    done in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    print("    $ " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        # pip's notes about empty local index folders are noise here.
+        if "is ignored: it is neither a file nor a directory" not in line:
+            print("    " + line, end="", flush=True)
+    if proc.wait() != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+def has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.environ.get(
+        "TAGMA_FORCE_CPU", "0"
+    ) in ("", "0")
+
+
+def constraints(tree: Path, out: Path) -> Path:
+    """Upstream's CPU test lock minus the torch family, as a constraints file."""
+    lines = []
+    for line in (tree / "requirements/test/cpu.txt").read_text().splitlines():
+        name = line.split("==", 1)[0].strip().lower()
+        if "==" in line and not line.startswith((" ", "#")) and name not in TORCH_FAMILY:
+            lines.append(line.split(";")[0].split("#")[0].strip().replace(" \\", ""))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _stamp(venv: Path, key: str) -> Path:
+    return venv / f".tagma-{key}"
+
+
+def _fingerprint(*parts: str | Path) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(Path(part).read_bytes() if isinstance(part, Path) else part.encode())
+    return h.hexdigest()
+
+
+def build_fork(layout: trees.Layout) -> int:
+    pin = upstream.read_pin(layout.root)
+    venv = layout.build / "venv"
+    py = venv / "bin" / "python"
+    tree = layout.tree
+    cuda = has_cuda()
+    t_all = time.monotonic()
+
+    t0 = _step(f"apply the stack on vllm {pin.version} -> {tree}")
+    from .cli import main as cli_main
+
+    if cli_main(["apply"]) != 0:
+        return 1
+    _done(t0)
+
+    if not py.exists():
+        t0 = _step(f"create {venv}")
+        _run([sys.executable, "-m", "venv", str(venv)])
+        _done(t0)
+
+    cons = constraints(tree, layout.build / "constraints.txt")
+    key = _fingerprint(
+        cons, tree / "requirements/common.txt", layout.root / "scripts/requirements.txt"
+    )
+    stamp = _stamp(venv, "deps")
+    if stamp.exists() and stamp.read_text() == key:
+        print("==> dependencies: up to date (cached)")
+    else:
+        t0 = _step("install torch and vLLM's requirements")
+        pip = [str(py), "-m", "pip", "install", "--quiet"]
+        if cuda:
+            _run([*pip, "-r", str(tree / "requirements/cuda.txt"), "-c", str(cons)])
+        else:
+            _run([*pip, CPU_TORCH])
+        _run(
+            [
+                *pip,
+                "-c",
+                str(cons),
+                "-r",
+                str(tree / "requirements/common.txt"),
+                *TEST_REQUIREMENTS,
+            ]
+        )
+        stamp.write_text(key)
+        _done(t0)
+
+    t0 = _step("install the patched tree (editable)")
+    env = {"SETUPTOOLS_SCM_PRETEND_VERSION": pin.version}
+    if cuda:
+        wheel = upstream.fetch(pin.wheel, pin.wheel_sha256, pin.version)
+        env |= {"VLLM_USE_PRECOMPILED": "1", "VLLM_PRECOMPILED_WHEEL_LOCATION": str(wheel)}
+    else:
+        env |= {"VLLM_TARGET_DEVICE": "empty"}
+    _run(
+        [str(py), "-m", "pip", "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "-e", str(tree)],
+        env=env,
+    )  # fmt: skip
+    plugin = layout.root / "tests/conformance/cpu_platform"
+    if not cuda and plugin.exists():
+        _run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(plugin)])
+    _done(t0)
+
+    version = subprocess.run(
+        [str(py), "-c", "import vllm; print(vllm.__version__)"],
+        capture_output=True, text=True, cwd=layout.build,
+    )  # fmt: skip
+    print(
+        f"\nbuilt tagma-vllm on vllm {pin.version} "
+        f"({'CUDA, precompiled kernels' if cuda else 'CPU, no vLLM kernels'}) "
+        f"in {time.monotonic() - t_all:.0f} s\n"
+        f"  tree: {tree}\n  venv: {venv}  (vllm.__version__ = {version.stdout.strip()})\n"
+        f"  try:  {py} -c 'import vllm; print(vllm.__version__)'"
+    )
+    return 0 if version.returncode == 0 else 1

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""A thin git helper for patch-stack work.
+
+It knows nothing of vLLM or of this project: it runs git, with the user's
+global and system configuration switched off where the output must be
+canonical (export), and it can print every command instead of running it
+(dry runs).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+# A fixed identity and clock for commits whose ids must not depend on who
+# ran the tool or when (the pristine upstream base commit).
+FIXED_IDENTITY = {
+    "GIT_AUTHOR_NAME": "upstream",
+    "GIT_AUTHOR_EMAIL": "upstream@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "upstream",
+    "GIT_COMMITTER_EMAIL": "upstream@localhost",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+
+# format-patch output depends on format.* and diff.* settings; these pin
+# every setting that changes the bytes of an exported patch.
+CANONICAL_CONFIG = (
+    "-c", "core.abbrev=40",
+    "-c", "diff.noprefix=false",
+    "-c", "diff.mnemonicprefix=false",
+    "-c", "diff.relative=false",
+    "-c", "diff.renames=false",
+    "-c", "diff.algorithm=myers",
+    "-c", "diff.context=3",
+    "-c", "diff.interHunkContext=0",
+    "-c", "format.signoff=false",
+    "-c", "format.numbered=false",
+    "-c", "format.coverLetter=false",
+    "-c", "core.quotePath=true",
+)  # fmt: skip
+
+
+class GitError(RuntimeError):
+    """A git command failed; carries its command line and output."""
+
+    def __init__(self, args: Sequence[str], returncode: int, output: str):
+        self.args_ = list(args)
+        self.returncode = returncode
+        self.output = output
+        super().__init__(
+            f"`{shlex.join(args)}` exited with {returncode}:\n{output.strip()}"
+        )
+
+
+class Git:
+    """Runs git in one directory.
+
+    Args:
+        cwd: the repository (or worktree) to run in.
+        dry_run: print the commands that write instead of running them.
+        env: extra environment for every command.
+    """
+
+    def __init__(
+        self,
+        cwd: Path,
+        dry_run: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.cwd = Path(cwd)
+        self.dry_run = dry_run
+        self.env = dict(env or {})
+
+    def _environ(self, extra: dict[str, str] | None) -> dict[str, str]:
+        environ = dict(os.environ)
+        # Never let a user's pager, editor or hooks into a scripted run.
+        environ.update(
+            GIT_PAGER="cat", GIT_EDITOR="true", GIT_TERMINAL_PROMPT="0", LC_ALL="C"
+        )
+        environ.update(self.env)
+        environ.update(extra or {})
+        return environ
+
+    def run(
+        self,
+        *args: str,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        writes: bool = True,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `git args...` and return the completed process.
+
+        Args:
+            check: raise GitError on a non-zero exit.
+            env: extra environment for this command.
+            writes: whether the command changes state (printed, not run,
+                in a dry run).
+            stdin: text fed to the command.
+        """
+        cmd = ["git", *args]
+        if writes and self.dry_run:
+            print(f"  (dry run) cd {self.cwd} && {shlex.join(cmd)}")
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        proc = subprocess.run(
+            cmd,
+            cwd=self.cwd,
+            env=self._environ(env),
+            input=stdin,
+            capture_output=True,
+            text=True,
+        )
+        if check and proc.returncode != 0:
+            raise GitError(cmd, proc.returncode, proc.stdout + proc.stderr)
+        return proc
+
+    def out(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """Run a read-only command and return its stdout, stripped."""
+        return self.run(*args, env=env, writes=False).stdout.strip()
+
+    def canonical(self, *args: str) -> str:
+        """Run a read-only command with user and system config ignored."""
+        env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+        return self.run(*CANONICAL_CONFIG, *args, env=env, writes=False).stdout
+
+    def am_in_progress(self) -> bool:
+        git_dir = Path(self.out("rev-parse", "--git-dir"))
+        if not git_dir.is_absolute():
+            git_dir = self.cwd / git_dir
+        return (git_dir / "rebase-apply").exists()
+
+    def unmerged_files(self) -> list[str]:
+        out = self.out("diff", "--name-only", "--diff-filter=U")
+        return out.splitlines()
+
+    def files_of_patch(self, patch: Path) -> list[str]:
+        """The paths a patch touches, read from its diff headers."""
+        out = self.run("apply", "--numstat", str(patch), writes=False, check=False)
+        return [line.split("\t")[-1] for line in out.stdout.splitlines() if line]
