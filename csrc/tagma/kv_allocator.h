@@ -276,7 +276,7 @@ class KVAllocator {
   // Blocks held by the request, or -1 if unknown.
   int64_t request_blocks(RequestId req) const {
     auto it = reqs_.find(req);
-    return it == reqs_.end() ? -1 : it->second.num_blocks;
+    return it == reqs_.end() ? -1 : static_cast<int64_t>(it->second.num_blocks);
   }
 
   // The request's ranges in logical order, without copying; nullptr (and
@@ -618,6 +618,8 @@ class KVAllocator {
     if (count < 0) return Status::kInvalidArgument;
     if (count == 0) return Status::kZeroCount;
     if (count % align_ != 0) return Status::kMisaligned;
+    // Before any narrowing to uint32_t: more than everything never fits.
+    if (count > static_cast<int64_t>(n_)) return Status::kOutOfMemory;
     return Status::kOk;
   }
 

@@ -32,6 +32,18 @@ CPU_TORCH = "torch==2.13.0"
 TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
 # What the conformance tests need beyond vLLM's runtime requirements.
 TEST_REQUIREMENTS = ("pytest", "pytest-asyncio", "tblib", "pytest-timeout")
+# vLLM's build-system requirements without torch (installed without build
+# isolation, so the torch above is the one it sees).
+BUILD_REQUIREMENTS = (
+    "cmake>=3.26.1,<4",
+    "ninja",
+    "packaging>=24.2",
+    "setuptools>=77.0.3,<81.0.0",
+    "setuptools-scm>=8",
+    "setuptools-rust>=1.9.0",
+    "wheel",
+    "jinja2",
+)
 
 
 def _step(title: str) -> float:
@@ -72,7 +84,11 @@ def constraints(tree: Path, out: Path) -> Path:
     lines = []
     for line in (tree / "requirements/test/cpu.txt").read_text().splitlines():
         name = line.split("==", 1)[0].strip().lower()
-        if "==" in line and not line.startswith((" ", "#")) and name not in TORCH_FAMILY:
+        if (
+            "==" in line
+            and not line.startswith((" ", "#"))
+            and name not in TORCH_FAMILY
+        ):
             lines.append(line.split(";")[0].split("#")[0].strip().replace(" \\", ""))
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -131,6 +147,7 @@ def build_fork(layout: trees.Layout) -> int:
                 "-r",
                 str(tree / "requirements/common.txt"),
                 *TEST_REQUIREMENTS,
+                *BUILD_REQUIREMENTS,
             ]
         )
         stamp.write_text(key)
@@ -140,7 +157,10 @@ def build_fork(layout: trees.Layout) -> int:
     env = {"SETUPTOOLS_SCM_PRETEND_VERSION": pin.version}
     if cuda:
         wheel = upstream.fetch(pin.wheel, pin.wheel_sha256, pin.version)
-        env |= {"VLLM_USE_PRECOMPILED": "1", "VLLM_PRECOMPILED_WHEEL_LOCATION": str(wheel)}
+        env |= {
+            "VLLM_USE_PRECOMPILED": "1",
+            "VLLM_PRECOMPILED_WHEEL_LOCATION": str(wheel),
+        }
     else:
         env |= {"VLLM_TARGET_DEVICE": "empty"}
     _run(
@@ -150,18 +170,21 @@ def build_fork(layout: trees.Layout) -> int:
     )  # fmt: skip
     plugin = layout.root / "tests/conformance/cpu_platform"
     if not cuda and plugin.exists():
-        _run([str(py), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(plugin)])
+        _run(
+            [str(py), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(plugin)]
+        )
     _done(t0)
 
     version = subprocess.run(
         [str(py), "-c", "import vllm; print(vllm.__version__)"],
         capture_output=True, text=True, cwd=layout.build,
     )  # fmt: skip
+    shown = (version.stdout.strip().splitlines() or ["?"])[-1]
     print(
         f"\nbuilt tagma-vllm on vllm {pin.version} "
         f"({'CUDA, precompiled kernels' if cuda else 'CPU, no vLLM kernels'}) "
         f"in {time.monotonic() - t_all:.0f} s\n"
-        f"  tree: {tree}\n  venv: {venv}  (vllm.__version__ = {version.stdout.strip()})\n"
+        f"  tree: {tree}\n  venv: {venv}  (vllm.__version__ = {shown})\n"
         f"  try:  {py} -c 'import vllm; print(vllm.__version__)'"
     )
     return 0 if version.returncode == 0 else 1

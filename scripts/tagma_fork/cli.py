@@ -78,9 +78,9 @@ def cmd_worktree(layout: trees.Layout, args: argparse.Namespace) -> int:
         dirty = git.out("status", "--porcelain")
         drift = stack.export(git, trees.base_ref(pin.version), layout.patches, True)
         if dirty or drift:
+            what = "uncommitted changes" if dirty else "unexported: " + ", ".join(drift)
             print(
-                f"{wt} has work that is not in patches/ "
-                f"({'uncommitted changes' if dirty else 'unexported: ' + ', '.join(drift)}).\n"
+                f"{wt} has work that is not in patches/ ({what}).\n"
                 "Export it (make export) or pass --force (FORCE=1) to discard it."
             )
             return EXIT_FAIL
@@ -108,7 +108,9 @@ def cmd_export(layout: trees.Layout, args: argparse.Namespace) -> int:
     if git.out("status", "--porcelain", "--untracked-files=no"):
         print("the worktree has uncommitted changes; commit them first")
         return EXIT_FAIL
-    changed = stack.export(git, trees.base_ref(pin.version), layout.patches, args.dry_run)
+    changed = stack.export(
+        git, trees.base_ref(pin.version), layout.patches, args.dry_run
+    )
     if args.dry_run:
         if changed:
             print("drift: " + ", ".join(changed))
@@ -167,7 +169,10 @@ def cmd_rebase(layout: trees.Layout, args: argparse.Namespace) -> int:
         width = max(len(r[0]) for r in rows) if rows else 10
         print(f"{'patch':<{width}}  status onto vllm {pin.version}")
         for name, status, files in rows:
-            print(f"{name:<{width}}  {status}" + (f": {', '.join(files)}" if files else ""))
+            print(
+                f"{name:<{width}}  {status}"
+                + (f": {', '.join(files)}" if files else "")
+            )
         return EXIT_CONFLICT if any(r[1] == "conflicts" for r in rows) else EXIT_OK
     return rebase.start(layout, pin)
 

@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 from . import stack, trees, upstream
-from .git import Git
 
 TEMPLATE = Path(__file__).with_name("pr_template.md")
 

@@ -47,7 +47,9 @@ def load_state(layout: trees.Layout) -> State | None:
     return State(**json.loads(path.read_text()))
 
 
-def dry_run(layout: trees.Layout, pin: upstream.Pin) -> list[tuple[str, str, list[str]]]:
+def dry_run(
+    layout: trees.Layout, pin: upstream.Pin
+) -> list[tuple[str, str, list[str]]]:
     """Try each patch on the new base: applies, applies with 3-way, conflicts.
 
     A patch that conflicts is skipped and the next is tried on the tree
@@ -57,7 +59,7 @@ def dry_run(layout: trees.Layout, pin: upstream.Pin) -> list[tuple[str, str, lis
     trees.ensure_base(layout, old)  # preimage blobs for the 3-way merges
     base = trees.ensure_base(layout, pin)
     names = trees.series_names(layout)
-    rows = []
+    rows: list[tuple[str, str, list[str]]] = []
     with tempfile.TemporaryDirectory(dir=layout.build) as tmp:
         git = trees.new_tree(layout, Path(tmp) / "try", base, None)
         for name in names:

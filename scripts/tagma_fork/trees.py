@@ -85,7 +85,7 @@ def ensure_base(layout: Layout, pin: upstream.Pin) -> str:
         bare.run("init", "--quiet", "--bare")
         # Trees carry the engine as an untracked copy; keep it out of status.
         (layout.bare / "info").mkdir(exist_ok=True)
-        (layout.bare / "info" / "exclude").write_text(f"/{ENGINE}/\n")
+        (layout.bare / "info" / "exclude").write_text(f"/{ENGINE}\n")
     ref = base_ref(pin.version)
     found = bare.run("rev-parse", "--verify", "--quiet", ref, writes=False, check=False)
     if found.returncode == 0:
@@ -106,7 +106,10 @@ def ensure_base(layout: Layout, pin: upstream.Pin) -> str:
         # -f: the sdist ships .gitignore files; every shipped file is upstream.
         git.run("add", "--all", "--force", ".")
         tree = git.out("write-tree")
-        message = f"vllm {pin.version}\n\nPristine sdist {pin.sdist}, sha256 {pin.sdist_sha256}.\n"
+        message = (
+            f"vllm {pin.version}\n\n"
+            f"Pristine sdist {pin.sdist}, sha256 {pin.sdist_sha256}.\n"
+        )
         commit = git.run("commit-tree", tree, stdin=message).stdout.strip()
         git.run("update-ref", ref, commit)
     return commit
@@ -142,10 +145,13 @@ def place_engine(layout: Layout, tree: Path, link: bool) -> None:
         shutil.rmtree(dest)
     if not src.exists():
         return
+    dest.parent.mkdir(parents=True, exist_ok=True)
     if link:
         dest.symlink_to(os.path.relpath(src, dest.parent))
     else:
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("build*", "__pycache__"))
+        shutil.copytree(
+            src, dest, ignore=shutil.ignore_patterns("build*", "__pycache__")
+        )
 
 
 def series_names(layout: Layout) -> list[str]:
