@@ -118,6 +118,12 @@ inline const char* status_str(Status s) {
   return "unknown status";
 }
 
+// Which free run a single-range allocation takes. Best fit is the default
+// (and the only one the allocator is tuned for); the others exist so that
+// bench_kv_engine's fragmentation trace can measure the choice. First fit
+// scans the runs by address: O(runs), measurement only.
+enum class FitPolicy : int32_t { kBestFit = 0, kFirstFit, kWorstFit };
+
 // One contiguous physical range of a request. logical_start is the logical
 // index of its first block (the kernel's "cum"), so
 //   physical = start + (logical - logical_start).
@@ -189,6 +195,8 @@ class KVAllocator {
   }
 
   Status config_status() const { return config_; }
+  void set_fit_policy(FitPolicy p) { policy_ = p; }
+  FitPolicy fit_policy() const { return policy_; }
   uint32_t num_blocks() const { return n_; }
   uint32_t alignment() const { return align_; }
   uint32_t max_ranges() const { return max_ranges_; }
@@ -202,6 +210,8 @@ class KVAllocator {
     Status s = check_count(count);
     if (s != Status::kOk) return s;
     if (reqs_.count(req) != 0) return Status::kDuplicateRequest;
+    // Before narrowing to uint32_t: more than everything never fits.
+    if (count > static_cast<int64_t>(n_)) return Status::kOutOfMemory;
     Request r;
     r.ranges = take_spare();
     s = take(&r, static_cast<uint32_t>(count));
@@ -224,6 +234,7 @@ class KVAllocator {
     if (s != Status::kOk) return s;
     auto it = reqs_.find(req);
     if (it == reqs_.end()) return Status::kUnknownRequest;
+    if (count > static_cast<int64_t>(n_)) return Status::kOutOfMemory;
     Request& r = it->second;
     const size_t before = r.ranges.size();
     s = take(&r, static_cast<uint32_t>(count));
@@ -618,8 +629,6 @@ class KVAllocator {
     if (count < 0) return Status::kInvalidArgument;
     if (count == 0) return Status::kZeroCount;
     if (count % align_ != 0) return Status::kMisaligned;
-    // Before any narrowing to uint32_t: more than everything never fits.
-    if (count > static_cast<int64_t>(n_)) return Status::kOutOfMemory;
     return Status::kOk;
   }
 
@@ -805,8 +814,7 @@ class KVAllocator {
 
     plan_.clear();
     if (largest_fit() >= rest) {
-      const uint32_t s = by_fit_.lower_bound({rest, 0})->second;
-      plan_.emplace_back(s, rest);
+      plan_.emplace_back(pick_run(rest), rest);
     } else {
       // Largest runs first keeps the range count minimal; the last piece
       // takes the best fit for what is left, which the greedy choice would
@@ -844,6 +852,22 @@ class KVAllocator {
     if (plan_.size() > 1) ++fallback_;
     evict_log_.clear();
     return Status::kOk;
+  }
+
+  // Start of the free run a single range of `k` blocks takes (one fits).
+  uint32_t pick_run(uint32_t k) const {
+    switch (policy_) {
+      case FitPolicy::kWorstFit:
+        return by_fit_.rbegin()->second;
+      case FitPolicy::kFirstFit:
+        for (const auto& run : runs_) {
+          if (usable(run.first, run.second) >= k) return run.first;
+        }
+        break;
+      case FitPolicy::kBestFit:
+        break;
+    }
+    return by_fit_.lower_bound({k, 0})->second;
   }
 
   // true when a free run starts right after the request's last range.
@@ -923,6 +947,7 @@ class KVAllocator {
   }
 
   Status config_ = Status::kOk;
+  FitPolicy policy_ = FitPolicy::kBestFit;
   uint32_t n_ = 0;
   uint32_t align_ = 1;
   uint32_t max_ranges_ = 0;
