@@ -122,7 +122,13 @@ inline const char* status_str(Status s) {
 // (and the only one the allocator is tuned for); the others exist so that
 // bench_kv_engine's fragmentation trace can measure the choice. First fit
 // scans the runs by address: O(runs), measurement only.
-enum class FitPolicy : int32_t { kBestFit = 0, kFirstFit, kWorstFit };
+enum class FitPolicy : int32_t {
+  kBestFit = 0,
+  kFirstFit,
+  kWorstFit,
+  kHalfGap,
+  kBestFitGrowLargest,  // best fit for new requests, largest run for growth
+};
 
 // One contiguous physical range of a request. logical_start is the logical
 // index of its first block (the kernel's "cum"), so
@@ -150,8 +156,8 @@ struct KVAllocatorStats {
     return total == o.total && free == o.free && used == o.used &&
            cached_only == o.cached_only &&
            largest_free_run == o.largest_free_run &&
-           num_free_runs == o.num_free_runs &&
-           num_requests == o.num_requests && ranges_total == o.ranges_total &&
+           num_free_runs == o.num_free_runs && num_requests == o.num_requests &&
+           ranges_total == o.ranges_total &&
            max_ranges_per_request == o.max_ranges_per_request &&
            fallback_allocations == o.fallback_allocations &&
            evictions == o.evictions;
@@ -395,8 +401,7 @@ class KVAllocator {
     TAGMA_HEAVY_ASSERT(validate(true));
     return Status::kOk;
   }
-  Status acquire_cached(RequestId req, const std::vector<Key>& keys,
-                        size_t n) {
+  Status acquire_cached(RequestId req, const std::vector<Key>& keys, size_t n) {
     if (n > keys.size()) return Status::kInvalidArgument;
     return acquire_cached(req, keys.data(), n);
   }
@@ -513,15 +518,15 @@ class KVAllocator {
   // Recomputes every invariant from scratch, O(blocks + ranges + keys);
   // false at the first failure (printed to stderr when verbose).
   bool validate(bool verbose = false) const {
-#define TAGMA_CHECK(cond)                                                \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      if (verbose) {                                                     \
-        std::fprintf(stderr, "KVAllocator::validate: %s (line %d)\n",    \
-                     #cond, __LINE__);                                   \
-      }                                                                  \
-      return false;                                                      \
-    }                                                                    \
+#define TAGMA_CHECK(cond)                                                    \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      if (verbose) {                                                         \
+        std::fprintf(stderr, "KVAllocator::validate: %s (line %d)\n", #cond, \
+                     __LINE__);                                              \
+      }                                                                      \
+      return false;                                                          \
+    }                                                                        \
   } while (0)
     if (config_ != Status::kOk) return n_ == 0 && reqs_.empty();
     TAGMA_CHECK(ref_.size() == n_ && cached_.size() == n_ &&
@@ -620,6 +625,13 @@ class KVAllocator {
   struct Request {
     std::vector<BlockRange> ranges;
     uint32_t num_blocks = 0;
+  };
+  // One planned piece of an allocation: `len` blocks at `at`, carved from
+  // the free run that starts at `run`.
+  struct Piece {
+    uint32_t run;
+    uint32_t at;
+    uint32_t len;
   };
 
   bool in(int64_t b) const { return b >= 0 && b < static_cast<int64_t>(n_); }
@@ -814,7 +826,7 @@ class KVAllocator {
 
     plan_.clear();
     if (largest_fit() >= rest) {
-      plan_.emplace_back(pick_run(rest), rest);
+      plan_.push_back(pick_run(rest, have > 0));
     } else {
       // Largest runs first keeps the range count minimal; the last piece
       // takes the best fit for what is left, which the greedy choice would
@@ -822,11 +834,12 @@ class KVAllocator {
       uint32_t left = rest;
       for (auto f = by_fit_.rbegin(); f != by_fit_.rend() && left > 0; ++f) {
         if (f->first >= left) {
-          plan_.emplace_back(by_fit_.lower_bound({left, 0})->second, left);
+          const uint32_t s = by_fit_.lower_bound({left, 0})->second;
+          plan_.push_back(Piece{s, align_up(s), left});
           left = 0;
           break;
         }
-        plan_.emplace_back(f->second, f->first);
+        plan_.push_back(Piece{f->second, align_up(f->second), f->first});
         left -= f->first;
       }
       if (left > 0) return fail(Status::kOutOfMemory);
@@ -836,17 +849,15 @@ class KVAllocator {
     uint32_t end = r->ranges.empty()
                        ? n_ + 1  // nothing to touch
                        : r->ranges.back().start + r->ranges.back().length;
-    for (const auto& p : plan_) {
-      const uint32_t t = align_up(p.first);
-      if (t != end) ++new_ranges;
-      end = t + p.second;
+    for (const Piece& p : plan_) {
+      if (p.at != end) ++new_ranges;
+      end = p.at + p.len;
     }
     if (have + new_ranges > max_ranges_) return fail(Status::kTooManyRanges);
 
-    for (const auto& p : plan_) {
-      const uint32_t t = align_up(p.first);
-      carve(runs_.find(p.first), t, p.second);
-      append(r, t, p.second);
+    for (const Piece& p : plan_) {
+      carve(runs_.find(p.run), p.at, p.len);
+      append(r, p.at, p.len);
     }
     mark_refs(r, count);
     if (plan_.size() > 1) ++fallback_;
@@ -854,20 +865,38 @@ class KVAllocator {
     return Status::kOk;
   }
 
-  // Start of the free run a single range of `k` blocks takes (one fits).
-  uint32_t pick_run(uint32_t k) const {
+  // Where a single range of `k` blocks goes (some run fits).
+  Piece pick_run(uint32_t k, bool growing) const {
+    uint32_t s = 0;
     switch (policy_) {
+      case FitPolicy::kBestFitGrowLargest:
+        if (growing) {
+          s = by_fit_.rbegin()->second;
+          break;
+        }
+        s = by_fit_.lower_bound({k, 0})->second;
+        break;
       case FitPolicy::kWorstFit:
-        return by_fit_.rbegin()->second;
+        s = by_fit_.rbegin()->second;
+        break;
+      case FitPolicy::kHalfGap: {
+        // Middle of the largest run: slack on both sides for growth.
+        const auto& f = *by_fit_.rbegin();
+        const uint32_t at = align_up(f.second) + align_down((f.first - k) / 2);
+        return Piece{f.second, at, k};
+      }
       case FitPolicy::kFirstFit:
         for (const auto& run : runs_) {
-          if (usable(run.first, run.second) >= k) return run.first;
+          if (usable(run.first, run.second) >= k) {
+            return Piece{run.first, align_up(run.first), k};
+          }
         }
-        break;
+        [[fallthrough]];
       case FitPolicy::kBestFit:
+        s = by_fit_.lower_bound({k, 0})->second;
         break;
     }
-    return by_fit_.lower_bound({k, 0})->second;
+    return Piece{s, align_up(s), k};
   }
 
   // true when a free run starts right after the request's last range.
@@ -972,7 +1001,7 @@ class KVAllocator {
   std::vector<uint32_t> mark_;  // per block: epoch stamp for duplicate checks
   uint32_t epoch_ = 0;
   std::vector<uint32_t> scratch_;
-  std::vector<std::pair<uint32_t, uint32_t>> plan_;  // (run start, blocks)
+  std::vector<Piece> plan_;
   std::vector<std::pair<uint32_t, Key>> evict_log_;
   std::vector<std::vector<BlockRange>> spare_;
 };

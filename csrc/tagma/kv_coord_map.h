@@ -155,8 +155,7 @@ class KVCoordMap {
  public:
   constexpr KVCoordMap() = default;
 
-  static constexpr CoordStatus create(const KVLayout& layout,
-                                      KVCoordMap* out) {
+  static constexpr CoordStatus create(const KVLayout& layout, KVCoordMap* out) {
     if (out == nullptr) return CoordStatus::kNullArgument;
     uint64_t total = 0;
     CoordStatus s = kv_layout_bytes(layout, &total);

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -115,12 +116,27 @@ def main() -> int:
         flush=True,
     )
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=tree, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    summary = ""
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        if " in " in line and ("passed" in line or "failed" in line):
+            summary = line
+    proc.wait()
     wall = time.monotonic() - t0
     if not junit.exists():
         print(f"pytest produced no report (exit {proc.returncode})")
         return 1
-    counts = count(junit) | {"deselected": len(skip)}
+    match = re.search(r"(\d+) deselected", summary)
+    counts = count(junit) | {"deselected": int(match.group(1)) if match else 0}
     counts["collected"] = counts["run"] + counts["deselected"]
     result = {
         "schema": 1,
@@ -129,7 +145,7 @@ def main() -> int:
         "wall_s": round(wall, 1),
         "counts": counts,
         "failures": failures(junit),
-        "deselected": [{"test": t, "reason": r} for t, r in skip],
+        "deselect_manifest": [{"test": t, "reason": r} for t, r in skip],
     }
     (out / f"{args.backend}.json").write_text(json.dumps(result, indent=1))
     print(

@@ -312,15 +312,15 @@ void bench_alloc(std::vector<Metric>* out, const Options& o) {
 
 struct SlotModel {
   int32_t bs = static_cast<int32_t>(kTokensPerBlock);
-  int32_t max_blocks = 0;  // block-table row stride
-  int32_t max_ranges = 0;  // range-table row stride
-  std::vector<int32_t> table;        // [req][max_blocks]
-  std::vector<int32_t> rstart;       // [req][max_ranges]
-  std::vector<int32_t> rcum;         // [req][max_ranges]
-  std::vector<int32_t> rlen;         // [req][max_ranges]
-  std::vector<int32_t> nranges;      // [req]
-  std::vector<int32_t> req_of;       // [token]
-  std::vector<int32_t> pos_of;       // [token]
+  int32_t max_blocks = 0;        // block-table row stride
+  int32_t max_ranges = 0;        // range-table row stride
+  std::vector<int32_t> table;    // [req][max_blocks]
+  std::vector<int32_t> rstart;   // [req][max_ranges]
+  std::vector<int32_t> rcum;     // [req][max_ranges]
+  std::vector<int32_t> rlen;     // [req][max_ranges]
+  std::vector<int32_t> nranges;  // [req]
+  std::vector<int32_t> req_of;   // [token]
+  std::vector<int32_t> pos_of;   // [token]
 
   void build(const KVAllocator& a, const std::vector<uint64_t>& ids,
              int32_t max_blocks_, int32_t max_ranges_) {
@@ -547,7 +547,8 @@ FragResult run_trace(uint64_t seed, tagma::FitPolicy policy, int steps) {
       check_ok(a.cache(id, 0, keys), "cache");
       hit_blocks += hits;
       prompt_blocks += static_cast<uint64_t>(prompt);
-      live.push_back(Live{id, prompt * 32, 1 + static_cast<int64_t>(rng() % 1024)});
+      live.push_back(
+          Live{id, prompt * 32, 1 + static_cast<int64_t>(rng() % 1024)});
     }
     // Decode one token for every live request.
     for (size_t i = 0; i < live.size();) {
@@ -594,9 +595,8 @@ FragResult run_trace(uint64_t seed, tagma::FitPolicy policy, int steps) {
   FragResult f;
   f.ranges_mean = mean(samples);
   f.ranges_p99 = quantile(samples, 0.99);
-  f.ranges_max = samples.empty()
-                     ? 0
-                     : *std::max_element(samples.begin(), samples.end());
+  f.ranges_max =
+      samples.empty() ? 0 : *std::max_element(samples.begin(), samples.end());
   f.fallback_share =
       allocs ? static_cast<double>(st.fallback_allocations) / allocs : 0;
   f.peak_occupancy = peak;
@@ -616,7 +616,9 @@ void bench_frag(std::vector<Metric>* out, const Options& o, int steps) {
   };
   const P policies[] = {{tagma::FitPolicy::kBestFit, "best fit"},
                         {tagma::FitPolicy::kFirstFit, "first fit"},
-                        {tagma::FitPolicy::kWorstFit, "worst fit"}};
+                        {tagma::FitPolicy::kWorstFit, "worst fit"},
+                        {tagma::FitPolicy::kHalfGap, "half gap"},
+                        {tagma::FitPolicy::kBestFitGrowLargest, "best fit grow largest"}};
   for (const P& p : policies) {
     const std::string pre = std::string("frag/") + p.name + "/";
     auto add = [&](const std::string& name, const char* unit, double v) {
@@ -721,8 +723,8 @@ void write_json(const std::string& path, const Options& o,
     for (size_t k = 0; k < v.size(); ++k) j << (k ? ", " : "") << num(v[k]);
     j << "], \"median\": " << num(quantile(v, 0.5))
       << ", \"p10\": " << num(quantile(v, 0.1))
-      << ", \"p90\": " << num(quantile(v, 0.9)) << ", \"mean\": "
-      << num(mean(v)) << ", \"stddev\": " << num(stddev(v))
+      << ", \"p90\": " << num(quantile(v, 0.9))
+      << ", \"mean\": " << num(mean(v)) << ", \"stddev\": " << num(stddev(v))
       << ", \"min\": " << num(*std::min_element(v.begin(), v.end()))
       << ", \"max\": " << num(*std::max_element(v.begin(), v.end())) << "}";
   }

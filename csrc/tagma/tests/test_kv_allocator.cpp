@@ -75,9 +75,13 @@ TEST_CASE("test_kv_allocator_status_str") {
 }
 
 TEST_CASE("test_kv_allocator_bad_config") {
-  for (auto cfg : std::vector<std::vector<int64_t>>{
-           {0, 1, 1}, {-5, 1, 1}, {8, 0, 1}, {8, 16, 1}, {8, 1, 0},
-           {KVAllocator::kMaxBlocks + 1, 1, 1}}) {
+  for (auto cfg :
+       std::vector<std::vector<int64_t>>{{0, 1, 1},
+                                         {-5, 1, 1},
+                                         {8, 0, 1},
+                                         {8, 16, 1},
+                                         {8, 1, 0},
+                                         {KVAllocator::kMaxBlocks + 1, 1, 1}}) {
     KVAllocator a(cfg[0], cfg[1], cfg[2]);
     CHECK(a.config_status() == Status::kBadConfig);
     CHECK(a.allocate(1, 1) == Status::kBadConfig);

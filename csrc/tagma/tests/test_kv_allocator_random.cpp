@@ -224,9 +224,8 @@ void run_random(uint32_t n, uint32_t align, uint32_t max_ranges,
         for (size_t i = 0; i < nr; ++i) REQUIRE(r[i].start % align == 0);
       }
     } else if (which < 50) {  // grow
-      int64_t count = static_cast<int64_t>(1 + pick(pick(4) == 0 ? n / 4 + 1
-                                                                  : 3)) *
-                      align;
+      int64_t count =
+          static_cast<int64_t>(1 + pick(pick(4) == 0 ? n / 4 + 1 : 3)) * align;
       if (pick(50) == 0) count = 0;
       const auto it = m.reqs.find(id);
       const uint64_t avail = m.free_count() + m.lru.size();
@@ -323,8 +322,8 @@ void run_random(uint32_t n, uint32_t align, uint32_t max_ranges,
     } else if (which < 94) {  // cache
       const auto it = m.reqs.find(id);
       const uint64_t nb = it == m.reqs.end() ? 0 : it->second.size();
-      const int64_t first = pick(60) == 0 ? -1 : static_cast<int64_t>(
-                                                     pick(nb + 2));
+      const int64_t first =
+          pick(60) == 0 ? -1 : static_cast<int64_t>(pick(nb + 2));
       keys.clear();
       const uint64_t cnt = pick(6);
       for (uint64_t i = 0; i < cnt; ++i) {
@@ -386,8 +385,8 @@ void run_random(uint32_t n, uint32_t align, uint32_t max_ranges,
     if (predicted) {
       if (s != expect) {
         std::fprintf(stderr, "op %llu: got '%s', model expected '%s'\n",
-                     static_cast<unsigned long long>(op),
-                     tagma::status_str(s), tagma::status_str(expect));
+                     static_cast<unsigned long long>(op), tagma::status_str(s),
+                     tagma::status_str(expect));
       }
       REQUIRE(s == expect);
     }

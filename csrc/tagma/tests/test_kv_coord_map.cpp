@@ -55,8 +55,7 @@ TEST_CASE("test_kv_coord_map_checked_bounds") {
   CHECK(off2 == off);
   CHECK(tagma::kv_offset_checked(kSeedLayout, 0, 0, 32, &off2) ==
         CoordStatus::kTokenOutOfRange);
-  CHECK(KVCoordMap::create(kSeedLayout, nullptr) ==
-        CoordStatus::kNullArgument);
+  CHECK(KVCoordMap::create(kSeedLayout, nullptr) == CoordStatus::kNullArgument);
   for (const char* s :
        {tagma::coord_status_str(CoordStatus::kOk),
         tagma::coord_status_str(CoordStatus::kOverflow),
@@ -81,7 +80,8 @@ TEST_CASE("test_kv_coord_map_overflow") {
   CHECK(x == tagma::kv_offset(huge, 1, 1, 1));
   CHECK(tagma::kv_offset_checked(huge, (1ull << 20) - 1, 0, 0, &x) ==
         CoordStatus::kOverflow);
-  // Exactly 2^64 - 1 bytes is allowed: 3 * 5 * 17 * 257 * 641 * 65537 * 6700417.
+  // Exactly 2^64 - 1 bytes is allowed: 3 * 5 * 17 * 257 * 641 * 65537 *
+  // 6700417.
   const KVLayout edge{3 * 5 * 17, 257 * 641, 65537, 6700417};
   CHECK(KVCoordMap::create(edge, &m) == CoordStatus::kOk);
   CHECK(m.total_bytes() == ~uint64_t{0});
