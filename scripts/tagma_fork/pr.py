@@ -1,26 +1,37 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
-"""The upstream PR branch: pristine base, one signed-off commit per patch,
-one commit adding the engine, and a description that follows vLLM's
-contribution policy."""
+"""The upstream PR branch.
+
+On the pristine base: first one commit adding the engine (csrc/tagma), so
+that every later commit builds, then one commit per patch. Each commit gets
+the committer's DCO Signed-off-by; the vendor-only header trailers
+(Forwarded, Origin, Last-Update) stay in the stack and out of the PR. The
+description follows vLLM's contribution policy.
+"""
 
 from __future__ import annotations
 
-import subprocess
+import re
 from pathlib import Path
 
 from . import stack, trees, upstream
+from .git import Git
 
 TEMPLATE = Path(__file__).with_name("pr_template.md")
+VENDOR_TRAILERS = re.compile(r"^(Forwarded|Origin|Last-Update): .*\n", re.M)
+
+
+def _clean_head(git: Git) -> None:
+    message = git.out("log", "-1", "--format=%B") + "\n"
+    cleaned = VENDOR_TRAILERS.sub("", message)
+    if cleaned != message:
+        git.run("commit", "--amend", "--quiet", "--no-verify", "-F", "-", stdin=cleaned)
 
 
 def make_pr_branch(layout: trees.Layout, dry_run: bool = False) -> int:
     pin = upstream.read_pin(layout.root)
     branch = f"tagma/pr/{pin.version}"
-    ident = subprocess.run(
-        ["git", "var", "GIT_COMMITTER_IDENT"], capture_output=True, text=True
-    )
-    if ident.returncode != 0:
+    if Git(layout.root).run("var", "GIT_COMMITTER_IDENT", check=False).returncode:
         print("set git user.name and user.email: the DCO sign-off needs them")
         return 2
     if dry_run:
@@ -29,20 +40,21 @@ def make_pr_branch(layout: trees.Layout, dry_run: bool = False) -> int:
     base = trees.ensure_base(layout, pin)
     names = trees.series_names(layout)
     git = trees.new_tree(layout, layout.pr, base, branch)
-    failure = stack.import_patches(
-        git, layout.patches, names, signoff=True, name_trailer=False
-    )
-    if failure:
-        print(f"FAILED: {failure.patch} does not apply")
-        return 1
     trees.place_engine(layout, layout.pr, link=False)
     git.run("add", "--force", str(trees.ENGINE))
     git.run(
         "commit", "--quiet", "--signoff", "-m",
-        "tagma: add the engine (csrc/tagma)\n\n"
-        "The header-only range allocator and coordinate map, their tests and\n"
-        "host benchmark. Kept as one copy in the tagma-vllm project.",
+        "[Core] tagma: add the KV range engine (csrc/tagma)\n\n"
+        "The header-only contiguous-range allocator and coordinate map that\n"
+        "the tagma KV-cache backend builds on, with their tests and host\n"
+        "benchmark. Standard library only; no CUDA, no torch.",
     )  # fmt: skip
+    for name in names:
+        failure = stack.apply_one(git, layout.patches / name, False, signoff=True)
+        if failure:
+            print(f"FAILED: {failure.patch} does not apply")
+            return 1
+        _clean_head(git)
     log = git.out("log", "--reverse", "--format=- %s", f"{base}..HEAD")
     text = TEMPLATE.read_text().format(version=pin.version, commits=log, branch=branch)
     description = layout.build / "PR_DESCRIPTION.md"

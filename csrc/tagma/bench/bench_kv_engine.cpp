@@ -496,7 +496,8 @@ struct FragResult {
   double prefix_hit_share = 0, evictions_per_alloc = 0, preemptions = 0;
 };
 
-FragResult run_trace(uint64_t seed, tagma::FitPolicy policy, int steps) {
+FragResult run_trace(uint64_t seed, tagma::FitPolicy policy, int steps,
+                     double watermark) {
   std::mt19937_64 rng(seed);
   const uint32_t n = 65536;
   KVAllocator a(n);
@@ -521,36 +522,7 @@ FragResult run_trace(uint64_t seed, tagma::FitPolicy policy, int steps) {
   int occ_n = 0;
   std::vector<std::string> keys;
   for (int step = 0; step < steps; ++step) {
-    // Admit up to 8 arrivals a step while allocation succeeds.
-    for (int k = 0; k < 8; ++k) {
-      const uint64_t id = next_id++;
-      const int64_t prompt = 1 + static_cast<int64_t>(rng() % 256);
-      keys.clear();
-      if (rng() % 2 == 0) {
-        const auto& p = sys[rng() % sys.size()];
-        keys.assign(p.begin(), p.begin() + std::min<size_t>(p.size(), prompt));
-      }
-      for (int64_t i = static_cast<int64_t>(keys.size()); i < prompt; ++i) {
-        keys.push_back("u" + std::to_string(id) + "/" + std::to_string(i));
-      }
-      const size_t hits = a.lookup(keys);
-      check_ok(a.acquire_cached(id, keys, hits), "acquire");
-      Status s = Status::kOk;
-      if (static_cast<int64_t>(hits) < prompt) {
-        s = a.grow(id, prompt - static_cast<int64_t>(hits));
-        ++allocs;
-      }
-      if (s != Status::kOk) {  // no room: the request waits (dropped here)
-        check_ok(a.release(id), "release");
-        break;
-      }
-      check_ok(a.cache(id, 0, keys), "cache");
-      hit_blocks += hits;
-      prompt_blocks += static_cast<uint64_t>(prompt);
-      live.push_back(
-          Live{id, prompt * 32, 1 + static_cast<int64_t>(rng() % 1024)});
-    }
-    // Decode one token for every live request.
+    // Running requests first (as vLLM's scheduler): one token each.
     for (size_t i = 0; i < live.size();) {
       Live& r = live[i];
       bool drop = false;
@@ -574,6 +546,45 @@ FragResult run_trace(uint64_t seed, tagma::FitPolicy policy, int steps) {
       }
       ++live[i].tokens;
       ++i;
+    }
+    // Then admit up to 8 arrivals while allocation succeeds.
+    for (int k = 0; k < 8; ++k) {
+      const uint64_t id = next_id++;
+      const int64_t prompt = 1 + static_cast<int64_t>(rng() % 256);
+      keys.clear();
+      if (rng() % 2 == 0) {
+        const auto& p = sys[rng() % sys.size()];
+        keys.assign(p.begin(), p.begin() + std::min<size_t>(p.size(), prompt));
+      }
+      for (int64_t i = static_cast<int64_t>(keys.size()); i < prompt; ++i) {
+        keys.push_back("u" + std::to_string(id) + "/" + std::to_string(i));
+      }
+      const size_t hits = a.lookup(keys);
+      {
+        // Admission watermark: keep this share of blocks free or evictable
+        // after the prompt (0 = admit until memory is full).
+        const auto st = a.stats();
+        if (static_cast<double>(st.free + st.cached_only) -
+                static_cast<double>(prompt) <
+            watermark * n) {
+          break;
+        }
+      }
+      check_ok(a.acquire_cached(id, keys, hits), "acquire");
+      Status s = Status::kOk;
+      if (static_cast<int64_t>(hits) < prompt) {
+        s = a.grow(id, prompt - static_cast<int64_t>(hits));
+        ++allocs;
+      }
+      if (s != Status::kOk) {  // no room: the request waits (dropped here)
+        check_ok(a.release(id), "release");
+        break;
+      }
+      check_ok(a.cache(id, 0, keys), "cache");
+      hit_blocks += hits;
+      prompt_blocks += static_cast<uint64_t>(prompt);
+      live.push_back(
+          Live{id, prompt * 32, 1 + static_cast<int64_t>(rng() % 1024)});
     }
     const auto st = a.stats();
     const double occ = static_cast<double>(st.used) / n;
@@ -614,28 +625,37 @@ void bench_frag(std::vector<Metric>* out, const Options& o, int steps) {
     tagma::FitPolicy p;
     const char* name;
   };
-  const P policies[] = {{tagma::FitPolicy::kBestFit, "best fit"},
-                        {tagma::FitPolicy::kFirstFit, "first fit"},
-                        {tagma::FitPolicy::kWorstFit, "worst fit"},
-                        {tagma::FitPolicy::kHalfGap, "half gap"},
-                        {tagma::FitPolicy::kBestFitGrowLargest, "best fit grow largest"}};
-  for (const P& p : policies) {
-    const std::string pre = std::string("frag/") + p.name + "/";
-    auto add = [&](const std::string& name, const char* unit, double v) {
-      add_sample(out, pre + name, unit, "one sample per seed", v);
-    };
-    // One trace per round, a different seed each.
-    for (int r = 0; r < o.rounds; ++r) {
-      const FragResult f = run_trace(o.seed * 1000 + r, p.p, steps);
-      add("ranges per request mean", "ranges", f.ranges_mean);
-      add("ranges per request p99", "ranges", f.ranges_p99);
-      add("ranges per request max", "ranges", f.ranges_max);
-      add("fallback share", "fraction", f.fallback_share);
-      add("peak occupancy", "fraction", f.peak_occupancy);
-      add("mean occupancy", "fraction", f.mean_occupancy);
-      add("prefix hit share", "fraction", f.prefix_hit_share);
-      add("evictions per allocation", "blocks", f.evictions_per_alloc);
-      add("preemptions", "count", f.preemptions);
+  const P policies[] = {
+      {tagma::FitPolicy::kBestFit, "best fit"},
+      {tagma::FitPolicy::kFirstFit, "first fit"},
+      {tagma::FitPolicy::kWorstFit, "worst fit"},
+      {tagma::FitPolicy::kHalfGap, "half gap"},
+      {tagma::FitPolicy::kBestFitGrowLargest, "best fit grow largest"}};
+  struct W {
+    double w;
+    const char* name;
+  };
+  const W marks[] = {{0.0, "saturated"}, {0.03, "watermark 3%"}};
+  for (const W& w : marks) {
+    for (const P& p : policies) {
+      const std::string pre =
+          std::string("frag/") + w.name + "/" + p.name + "/";
+      auto add = [&](const std::string& name, const char* unit, double v) {
+        add_sample(out, pre + name, unit, "one sample per seed", v);
+      };
+      // One trace per seed: min(rounds, 5) seeds.
+      for (int r = 0; r < std::min(o.rounds, 5); ++r) {
+        const FragResult f = run_trace(o.seed * 1000 + r, p.p, steps, w.w);
+        add("ranges per request mean", "ranges", f.ranges_mean);
+        add("ranges per request p99", "ranges", f.ranges_p99);
+        add("ranges per request max", "ranges", f.ranges_max);
+        add("fallback share", "fraction", f.fallback_share);
+        add("peak occupancy", "fraction", f.peak_occupancy);
+        add("mean occupancy", "fraction", f.mean_occupancy);
+        add("prefix hit share", "fraction", f.prefix_hit_share);
+        add("evictions per allocation", "blocks", f.evictions_per_alloc);
+        add("preemptions", "count", f.preemptions);
+      }
     }
   }
 }
