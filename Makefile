@@ -8,10 +8,14 @@ PY      := $(VENV)/bin/python
 FORK    := PYTHONPATH=scripts $(PY) -m tagma_fork
 TOOLS   := $(VENV)/.tagma-tools
 VLLM_VERSION ?=
+CMAKE   := $(VENV)/bin/cmake
+CTEST   := $(VENV)/bin/ctest
+TAGMA_RANDOM_OPS ?= 1000000
+BENCH_RUNS ?= 5
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling \
-        test-conformance test-engine lint
+        test-conformance test-engine bench-host format-check
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -55,7 +59,7 @@ rebase-abort: $(TOOLS) ## give up a rebase; patches/ and upstream/ stay as they 
 pr-branch: $(TOOLS) ## build/pr: upstream + one signed-off commit per patch + engine
 	$(FORK) pr-branch
 
-lint: $(TOOLS) ## ruff + mypy over the tooling
+lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 	$(PY) -m ruff check scripts tests
 	$(PY) -m ruff format --check scripts tests
 	$(PY) -m mypy scripts/tagma_fork
@@ -66,5 +70,22 @@ test-tooling: $(TOOLS) ## pytest the fork tooling (apply, export, drift, rebase)
 test-conformance: ## vLLM's tests/v1/core from the patched tree (needs build-fork)
 	$(PY) tests/conformance/run.py
 
+test-engine: $(TOOLS) ## engine tests under ASan+UBSan (TAGMA_RANDOM_OPS=N, default 10^6)
+	$(CMAKE) -S csrc/tagma -B $(BUILD)/tagma-asan -DTAGMA_SANITIZE=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAGMA_RANDOM_OPS=$(TAGMA_RANDOM_OPS) >/dev/null
+	$(CMAKE) --build $(BUILD)/tagma-asan -j2
+	$(CTEST) --test-dir $(BUILD)/tagma-asan --output-on-failure -j2
+
+bench-host: $(TOOLS) ## engine host benchmark: BENCH_RUNS runs, JSON + plots in build/results/bench_kv_engine
+	$(CMAKE) -S csrc/tagma -B $(BUILD)/tagma-rel -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(CMAKE) --build $(BUILD)/tagma-rel -j2 --target bench_kv_engine
+	@mkdir -p $(BUILD)/results/bench_kv_engine
+	@for i in $$(seq 1 $(BENCH_RUNS)); do echo "run $$i/$(BENCH_RUNS)"; \
+	  $(BUILD)/tagma-rel/bench_kv_engine --json $(BUILD)/results/bench_kv_engine/tagma-run=$$i.json || exit 1; done
+	$(PY) csrc/tagma/bench/plot_bench.py $(BUILD)/results/bench_kv_engine/tagma-run=*.json
+
+format-check: ## clang-format over the engine (vLLM's style)
+	clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')
+
 test: build-fork ## the README's test command: everything CI runs
-	$(MAKE) check lint test-tooling test-conformance
+	$(MAKE) check lint format-check test-tooling test-engine test-conformance

@@ -42,16 +42,51 @@ def redirect_file(out: Path) -> Path:
     return path
 
 
-def deselected(backend: str) -> list[tuple[str, str]]:
-    """(node id, reason) of every test the manifest leaves out for `backend`."""
+def manifest(backend: str) -> tuple[list[tuple[str, str]], list[dict]]:
+    """(node id, reason) of every test left out for `backend`, and the
+    expected failures (tests, match, reason) for `backend`."""
     with open(HERE / "deselect.toml", "rb") as f:
-        manifest = tomllib.load(f)
-    out = []
-    for entry in manifest.get("deselect", []):
-        if backend in entry.get("backends", ["paged", "tagma"]):
-            for test in entry["tests"]:
-                out.append((test, entry["reason"]))
-    return out
+        data = tomllib.load(f)
+
+    def applies(entry: dict) -> bool:
+        return backend in entry.get("backends", ["paged", "tagma"])
+
+    skip = [
+        (test, entry["reason"])
+        for entry in data.get("deselect", [])
+        if applies(entry)
+        for test in entry["tests"]
+    ]
+    expect = [e for e in data.get("expect_failure", []) if applies(e)]
+    return skip, expect
+
+
+def check_expected_failures(junit: Path, expect: list[dict]) -> list[str]:
+    """Problems with the expected failures: a test that passed, or failed
+    for another reason than the manifest's message."""
+    cases = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        node = f"{module}::{case.get('name')}"
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        cases[node] = (
+            "" if bad is None else (bad.get("message") or "") + (bad.text or "")
+        )
+    problems = []
+    for entry in expect:
+        for test in entry["tests"]:
+            hits = {n: m for n, m in cases.items() if n.startswith(test)}
+            if not hits:
+                problems.append(f"{test}: expected to fail, but did not run")
+            for node, message in hits.items():
+                if entry["match"] not in message:
+                    problems.append(
+                        f"{node}: expected to fail with {entry['match']!r}, "
+                        f"got: {message.strip()[:200] or 'passed'}"
+                    )
+    return problems
 
 
 def count(junit: Path) -> dict[str, int]:
@@ -93,7 +128,8 @@ def main() -> int:
     tree, out = Path(args.tree), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suites = args.suite or list(DEFAULT_SUITES)
-    skip = deselected(args.backend)
+    skip, expect = manifest(args.backend)
+    expected_tests = [t for e in expect for t in e["tests"]]
     junit = out / f"{args.backend}.xml"
     env = {
         **os.environ,
@@ -108,7 +144,8 @@ def main() -> int:
     cmd = [
         sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider",
         "-o", "addopts=", f"--junitxml={junit}", "--timeout=600",
-        *(f"--deselect={t}" for t, _ in skip), *args.pytest_args,
+        *(f"--deselect={t}" for t, _ in skip),
+        *(f"--deselect={t}" for t in expected_tests), *args.pytest_args,
     ]  # fmt: skip
     print(
         f"==> {' '.join(suites)} under --kv-cache-backend {args.backend} "
@@ -138,6 +175,21 @@ def main() -> int:
     match = re.search(r"(\d+) deselected", summary)
     counts = count(junit) | {"deselected": int(match.group(1)) if match else 0}
     counts["collected"] = counts["run"] + counts["deselected"]
+    problems: list[str] = []
+    if expected_tests and not args.pytest_args:
+        print(f"==> {len(expected_tests)} tests that must fail with tagma's error")
+        xfail_junit = out / f"{args.backend}-expected-failures.xml"
+        subprocess.run(
+            [sys.executable, "-m", "pytest", *expected_tests, "-q",
+             "-p", "no:cacheprovider", "-o", "addopts=",
+             f"--junitxml={xfail_junit}"],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        problems = check_expected_failures(xfail_junit, expect)
+        ran = count(xfail_junit)["run"]
+        counts["rejected_as_expected"] = ran - len(problems)
+        # Those were deselected from the main run; count them once.
+        counts["deselected"] -= ran
     result = {
         "schema": 1,
         "backend": args.backend,
@@ -146,6 +198,7 @@ def main() -> int:
         "counts": counts,
         "failures": failures(junit),
         "deselect_manifest": [{"test": t, "reason": r} for t, r in skip],
+        "expected_failure_problems": problems,
     }
     (out / f"{args.backend}.json").write_text(json.dumps(result, indent=1))
     print(
@@ -155,7 +208,14 @@ def main() -> int:
         f"skipped {counts['skipped']}, deselected {counts['deselected']} "
         f"in {wall:.0f} s -> {out / (args.backend + '.json')}"
     )
-    return 0 if counts["failed"] == 0 and counts["errors"] == 0 else 1
+    if "rejected_as_expected" in counts:
+        print(
+            f"  + {counts['rejected_as_expected']} failed with tagma's clear error, as expected"
+        )
+    for p in problems:
+        print(f"  UNEXPECTED: {p}")
+    ok = counts["failed"] == 0 and counts["errors"] == 0 and not problems
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -630,7 +630,7 @@ void bench_frag(std::vector<Metric>* out, const Options& o, int steps) {
       {tagma::FitPolicy::kFirstFit, "first fit"},
       {tagma::FitPolicy::kWorstFit, "worst fit"},
       {tagma::FitPolicy::kHalfGap, "half gap"},
-      {tagma::FitPolicy::kBestFitGrowLargest, "best fit grow largest"}};
+      {tagma::FitPolicy::kBestFitGrowHalfGap, "best fit, grow half gap"}};
   struct W {
     double w;
     const char* name;

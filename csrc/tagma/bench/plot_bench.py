@@ -10,7 +10,8 @@ first file:
                                          all per-round samples
   bench_kv_engine-loads-per-position.png table/descriptor loads per position
                                          by construction (not a timing)
-  bench_kv_engine-fragmentation.png      ranges per request by fit policy
+  bench_kv_engine-fragmentation.png      ranges per request by fit policy,
+                                         per admission regime
 
 and prints a table: median over runs, spread, and the seed report's number
 (a different machine, for orientation only).
@@ -120,26 +121,34 @@ def plot_loads(rows, out):
 
 
 def plot_frag(rows, out):
-    policies = sorted({n.split("/")[1] for n in rows if n.startswith("frag/")})
-    if not policies:
+    # Names: frag/<regime>/<policy>/<metric>.
+    names = [n.split("/") for n in rows if n.startswith("frag/")]
+    regimes = list(dict.fromkeys(n[1] for n in names if len(n) == 4))
+    policies = list(dict.fromkeys(n[2] for n in names if len(n) == 4))
+    if not regimes:
         return
     stats = ("mean", "p99", "max")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 3.8),
+                             squeeze=False)
     w = 0.8 / len(policies)
-    for j, p in enumerate(policies):
-        vals, lo, hi = [], [], []
-        for s in stats:
-            r = rows[f"frag/{p}/ranges per request {s}"]
-            vals.append(r["median"])
-            lo.append(r["median"] - r["p10"])
-            hi.append(r["p90"] - r["median"])
-        ax.bar([i + (j - (len(policies) - 1) / 2) * w for i in range(3)],
-               vals, w, yerr=[lo, hi], capsize=3, label=p)
-    ax.set_xticks(range(3))
-    ax.set_xticklabels([f"ranges/request {s}" for s in stats])
-    ax.set_yscale("log")
-    ax.set_title("Fragmentation trace (>= 95 % occupancy)")
-    ax.legend(fontsize=8)
+    for ax, regime in zip(axes[0], regimes):
+        for j, p in enumerate(policies):
+            vals, lo, hi = [], [], []
+            for s in stats:
+                r = rows[f"frag/{regime}/{p}/ranges per request {s}"]
+                vals.append(r["median"])
+                lo.append(r["median"] - r["p10"])
+                hi.append(r["p90"] - r["median"])
+            xs = [i + (j - (len(policies) - 1) / 2) * w for i in range(3)]
+            ax.bar(xs, vals, w, yerr=[lo, hi], capsize=2, label=p)
+        occ = rows[f"frag/{regime}/{policies[0]}/mean occupancy"]["median"]
+        ax.set_xticks(range(3))
+        ax.set_xticklabels([f"ranges/request {s}" for s in stats])
+        ax.set_yscale("log")
+        ax.set_title(f"{regime}: mean occupancy {occ:.1%}")
+        ax.legend(fontsize=7)
+    fig.suptitle("Fragmentation trace, by fit policy (median over seeds and "
+                 "runs, p10..p90)")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

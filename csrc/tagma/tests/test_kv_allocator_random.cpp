@@ -427,7 +427,7 @@ TEST_CASE("test_kv_allocator_random_fit_policies") {
   const uint64_t ops = std::max<uint64_t>(1, tagma_test::random_ops() / 50);
   for (auto p :
        {tagma::FitPolicy::kFirstFit, tagma::FitPolicy::kWorstFit,
-        tagma::FitPolicy::kHalfGap, tagma::FitPolicy::kBestFitGrowLargest}) {
+        tagma::FitPolicy::kHalfGap, tagma::FitPolicy::kBestFitGrowHalfGap}) {
     run_random(96, 1, 8, ops, 10 + static_cast<uint64_t>(p), p);
     run_random(90, 3, 6, ops, 20 + static_cast<uint64_t>(p), p);
   }
