@@ -200,7 +200,9 @@ def render(git: Git, base: str) -> dict[str, str]:
         name, body = _take_name(chunk)
         if name in patches:
             raise StackError(f"two commits carry {FILENAME_TRAILER}: {name}")
-        patches[name] = ZERO_FROM + "\n" + body
+        # --stdout separates patches with a blank line; a file's bytes must
+        # not depend on whether another patch follows it.
+        patches[name] = ZERO_FROM + "\n" + body.rstrip("\n") + "\n"
     return patches
 
 

@@ -173,3 +173,19 @@ def test_pr_branch_signs_off_each_commit(two_patches: Project) -> None:
     assert (
         "AI assistance" in (two_patches.layout.build / "PR_DESCRIPTION.md").read_text()
     )
+
+
+def test_patch_bytes_do_not_depend_on_position(project: Project) -> None:
+    project.add_patch(
+        "first.patch",
+        lambda wt: replace_line(wt / "vllm/core.py", "return 1\n", "return 3\n"),
+        "core: first",
+    )
+    alone = (project.patches / "first.patch").read_bytes()
+    project.add_patch(
+        "second.patch",
+        lambda wt: (wt / "vllm/second.py").write_text("Y = 2\n"),
+        "core: second",
+    )
+    assert (project.patches / "first.patch").read_bytes() == alone
+    assert alone.endswith(b"\n") and not alone.endswith(b"\n\n")
