@@ -15,7 +15,7 @@ BENCH_RUNS ?= 5
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling \
-        test-conformance test-engine bench-host format-check
+        test-conformance test-engine bench-host bench-sched format-check
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -83,6 +83,9 @@ bench-host: $(TOOLS) ## engine host benchmark: BENCH_RUNS runs, JSON + plots in 
 	@for i in $$(seq 1 $(BENCH_RUNS)); do echo "run $$i/$(BENCH_RUNS)"; \
 	  $(BUILD)/tagma-rel/bench_kv_engine --json $(BUILD)/results/bench_kv_engine/tagma-run=$$i.json || exit 1; done
 	$(PY) csrc/tagma/bench/plot_bench.py $(BUILD)/results/bench_kv_engine/tagma-run=*.json
+
+bench-sched: build-fork ## scheduler-thread benchmark, paged vs tagma (CPU, no model)
+	cd $(BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/sched.py) $(BENCH_ARGS)
 
 format-check: ## clang-format over the engine (vLLM's style)
 	clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')

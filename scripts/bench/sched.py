@@ -1,0 +1,353 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""Scheduler-thread benchmark: paged vs tagma, the real Scheduler, no model.
+
+    build/venv/bin/python scripts/bench/sched.py [--quick] [--out DIR]
+
+Drives vLLM's Scheduler (from the patched tree, CPU) through many steps with
+N requests running, fakes the model's output (one token per request per
+step), and times each step's `schedule()` + `update_from_output()`, and
+within it the KV manager's own calls. Backends run in ABBA order inside one
+process, so their ratio is measured side by side. Also reports how many
+contiguous runs each running request's block ids form.
+
+Workloads: `decode` (short prompts, long outputs), `prefill` (long prompts,
+short outputs, steady arrivals), each with or without prefix hits (half the
+prompts share one of 8 system prompts). N = 64, 256, 1024.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, env_info, metric, write_result  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault(
+    "VLLM_MODEL_REDIRECT_PATH",
+    str(ROOT / "build/results/conformance/model-redirect.json"),
+)
+
+BLOCK_SIZE = 16
+KV_METHODS = (
+    "allocate_slots",
+    "free",
+    "get_computed_blocks",
+    "cache_blocks",
+    "get_num_common_prefix_blocks",
+    "take_new_block_ids",
+    "pop_blocks_for_free",
+)
+
+
+def make_scheduler(backend: str, max_num_seqs: int, num_blocks: int, max_len: int):
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model = ModelConfig(
+        model="facebook/opt-125m", dtype="float16", seed=0, skip_tokenizer_init=True
+    )
+    sched = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8192,
+        max_model_len=max_len,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+    )
+    cache = CacheConfig(
+        block_size=BLOCK_SIZE, enable_prefix_caching=True, kv_cache_backend=backend
+    )
+    vllm_config = VllmConfig(
+        model_config=model, scheduler_config=sched, cache_config=cache
+    )
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16
+    )
+    kv_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["l"], spec)],
+    )
+    cache.num_gpu_blocks = num_blocks
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK_SIZE,
+    )
+
+
+class KVTimer:
+    """Accumulates time spent in the KV manager's methods."""
+
+    def __init__(self, manager) -> None:
+        self.ns = 0
+        for name in KV_METHODS:
+            setattr(manager, name, self._wrap(getattr(manager, name)))
+
+    def _wrap(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ns += time.perf_counter_ns() - t0
+
+        return timed
+
+
+def request_factory(workload: str, prefix: bool, seed: int):
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+    rng = random.Random(seed)
+    systems = [[rng.randrange(1, 30000) for _ in range(512)] for _ in range(8)]
+    counter = itertools.count()
+
+    def make():
+        i = next(counter)
+        if workload == "decode":
+            prompt_len, max_tokens = rng.randint(32, 256), rng.randint(256, 1024)
+        else:
+            prompt_len, max_tokens = rng.randint(1024, 3072), rng.randint(4, 32)
+        tokens = [rng.randrange(1, 30000) for _ in range(prompt_len)]
+        if prefix and i % 2 == 0:
+            tokens = systems[i % len(systems)] + tokens
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        return Request(
+            request_id=f"r{i}",
+            prompt_token_ids=tokens,
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=hasher,
+        )
+
+    return make
+
+
+def fake_output(sched_out):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(sched_out.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[7] for _ in ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def runs_per_request(scheduler) -> list[int]:
+    out = []
+    manager = scheduler.kv_cache_manager
+    for req in scheduler.running:
+        ids = manager.get_block_ids(req.request_id)[0]
+        if ids:
+            out.append(1 + sum(b != a + 1 for a, b in itertools.pairwise(ids)))
+    return out
+
+
+def run_one(
+    backend: str,
+    n: int,
+    workload: str,
+    prefix: bool,
+    steps: int,
+    warmup: int,
+    seed: int,
+) -> dict:
+    max_len = 4096
+    num_blocks = int(n * (3200 + 1100) / BLOCK_SIZE * 0.9) + 1024
+    scheduler = make_scheduler(backend, n, num_blocks, max_len)
+    timer = KVTimer(scheduler.kv_cache_manager)
+    make = request_factory(workload, prefix, seed)
+    for _ in range(n):
+        scheduler.add_request(make())
+    step_ns, kv_ns, runs = [], [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for step in range(warmup + steps):
+            timer.ns = 0
+            t0 = time.perf_counter_ns()
+            out = scheduler.schedule()
+            result = fake_output(out)
+            scheduler.update_from_output(out, result)
+            dt = time.perf_counter_ns() - t0
+            # Keep N requests in flight (not timed).
+            for _ in range(n - len(scheduler.running) - len(scheduler.waiting)):
+                scheduler.add_request(make())
+            if step >= warmup:
+                step_ns.append(dt)
+                kv_ns.append(timer.ns)
+                if step % 25 == 0:
+                    runs.extend(runs_per_request(scheduler))
+    finally:
+        gc.enable()
+    return {
+        "step_us": [x / 1e3 for x in step_ns],
+        "kv_us": [x / 1e3 for x in kv_ns],
+        "runs": runs,
+        "usage": scheduler.kv_cache_manager.usage,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "build/results/bench_sched"))
+    parser.add_argument("--n", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=2, help="ABBA blocks")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.n, args.steps, args.warmup, args.repeats = [64], 30, 10, 1
+    out = Path(args.out)
+    rows = []
+    combos = [
+        (n, w, p) for n in args.n for w in ("decode", "prefill") for p in (False, True)
+    ]
+    for i, (n, workload, prefix) in enumerate(combos):
+        key = f"n={n}-workload={workload}-prefix={'on' if prefix else 'off'}"
+        print(f"[{i + 1}/{len(combos)}] {key}", flush=True)
+        data: dict[str, dict[str, list]] = {
+            b: {"step": [], "kv": [], "runs": [], "kv_share": []}
+            for b in ("paged", "tagma")
+        }
+        order = ["paged", "tagma", "tagma", "paged"] * args.repeats
+        for rep, backend in enumerate(order):
+            r = run_one(
+                backend, n, workload, prefix, args.steps, args.warmup, seed=rep // 4
+            )
+            d = data[backend]
+            d["step"].append(statistics.median(r["step_us"]))
+            d["kv"].append(statistics.median(r["kv_us"]))
+            d["kv_share"].append(sum(r["kv_us"]) / sum(r["step_us"]))
+            d["runs"].extend(r["runs"])
+            mean_runs = statistics.fmean(r["runs"] or [0])
+            print(
+                f"    {backend:5s} step {d['step'][-1]:9.1f} us"
+                f"  kv {d['kv'][-1]:8.1f} us  runs/req mean {mean_runs:.2f}",
+                flush=True,
+            )
+        metrics = {}
+        for b, d in data.items():
+            metrics[f"{b}/step_time"] = metric(d["step"], "us/step")
+            metrics[f"{b}/kv_manager_time"] = metric(d["kv"], "us/step")
+            metrics[f"{b}/kv_manager_share"] = metric(d["kv_share"], "fraction")
+            metrics[f"{b}/runs_per_request"] = metric(
+                [float(x) for x in d["runs"]], "runs"
+            )
+        params = {
+            "n": n,
+            "workload": workload,
+            "prefix": prefix,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "order": order,
+            "block_size": BLOCK_SIZE,
+        }
+        write_result(out, f"sched-{key}", "sched", env_info(), params, metrics)
+        rows.append((key, metrics))
+    summary = {
+        k: {
+            m: {
+                "median": v["median"],
+                "p10": v["p10"],
+                "p90": v["p90"],
+                "unit": v["unit"],
+            }
+            for m, v in ms.items()
+        }
+        for k, ms in rows
+    }
+    write_result(
+        out, "summary", "sched", env_info(), {"runs": [k for k, _ in rows]}, summary
+    )
+    print_table(rows)
+    plot(out, rows)
+    return 0
+
+
+def print_table(rows) -> None:
+    print(
+        "\n| case | paged step us | tagma step us | step ratio | paged KV us | "
+        "tagma KV us | KV ratio | runs/req paged | runs/req tagma (mean/max) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for key, m in rows:
+        ps, ts = m["paged/step_time"], m["tagma/step_time"]
+        pk, tk = m["paged/kv_manager_time"], m["tagma/kv_manager_time"]
+        pr, tr = m["paged/runs_per_request"], m["tagma/runs_per_request"]
+        p_runs = statistics.fmean(pr["samples"] or [0])
+        t_runs = statistics.fmean(tr["samples"] or [0])
+        t_max = max(tr["samples"] or [0])
+        cells = [
+            key,
+            f"{ps['median']:.0f} ({ps['p10']:.0f}-{ps['p90']:.0f})",
+            f"{ts['median']:.0f} ({ts['p10']:.0f}-{ts['p90']:.0f})",
+            f"{ts['median'] / ps['median']:.2f}",
+            f"{pk['median']:.0f}",
+            f"{tk['median']:.0f}",
+            f"{tk['median'] / pk['median']:.2f}",
+            f"{p_runs:.1f}",
+            f"{t_runs:.2f}/{t_max:.0f}",
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+def plot(out: Path, rows) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels = [
+        k.replace("-workload=", "\n").replace("-prefix=", " prefix ") for k, _ in rows
+    ]
+    x = range(len(rows))
+    for ax, name, title in (
+        (axes[0], "step_time", "scheduler step"),
+        (axes[1], "kv_manager_time", "KV manager within the step"),
+    ):
+        for off, b in ((-0.2, "paged"), (0.2, "tagma")):
+            med = [m[f"{b}/{name}"]["median"] for _, m in rows]
+            lo = [med[i] - m[f"{b}/{name}"]["p10"] for i, (_, m) in enumerate(rows)]
+            hi = [m[f"{b}/{name}"]["p90"] - med[i] for i, (_, m) in enumerate(rows)]
+            ax.bar([i + off for i in x], med, 0.4, yerr=[lo, hi], capsize=3, label=b)
+        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set_ylabel("us per step (median, p10-p90 over runs)")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "sched-step_time.png", dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
