@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU pipeline: run on the GPU host (no network) from the repo root, with
+# .kit/ (stock vLLM 0.25.1 runtime, ../shared/gpu-kit) and .gpu/
+# (scripts/gpu/make_overlay.sh: the fork's files) carried.
+#
+#   bash ci/gpu.sh [tests] [bench] [smoke]     (default: all three)
+#
+# Results go to $OUT (the device tool's output folder) or build/results/gpu.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/results/gpu}
+mkdir -p "$OUT"
+steps=${*:-tests bench smoke}
+status=0
+
+source .kit/host_env.sh || exit 1
+cp -r .gpu/vllm/. /tmp/site/vllm/
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import sys, vllm._tagma_C as m; print('python', sys.version.split()[0], m.__file__)" ||
+  status=1
+
+for step in $steps; do
+  echo "==> $step"
+  case $step in
+    tests)
+      (cd .gpu && python3 -m pytest -q -p no:cacheprovider -rs \
+        --junitxml="$OLDPWD/$OUT/gpu-tests.xml" tests) || status=1 ;;
+    bench)
+      python3 .gpu/bench_write_path.py --out "$OUT" || status=1 ;;
+    smoke)
+      [ -f /tmp/llama1b/config.json ] || python3 .kit/make_model.py /tmp/llama1b --size 1b >/dev/null
+      python3 scripts/gpu/smoke_e2e.py --model /tmp/llama1b --out "$OUT" || status=1 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit $status
