@@ -39,8 +39,14 @@ def generate(model: str, backend: str, path: str) -> None:
     from vllm.inputs import TokensPrompt
 
     t0 = time.time()
-    llm = LLM(model=model, load_format="dummy", max_model_len=8192, seed=0,
-              kv_cache_backend=backend, gpu_memory_utilization=0.5)  # fmt: skip
+    llm = LLM(
+        model=model,
+        load_format="dummy",
+        max_model_len=8192,
+        seed=0,
+        kv_cache_backend=backend,
+        gpu_memory_utilization=0.5,
+    )
     init_s = time.time() - t0
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
@@ -70,8 +76,19 @@ def main() -> int:
     results = {}
     for backend in ("paged", "tagma"):
         print(f"==> {backend}", flush=True)
-        subprocess.run([sys.executable, __file__, "--model", a.model, "--out", a.out,
-                        "--backend", backend], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--model",
+                a.model,
+                "--out",
+                a.out,
+                "--backend",
+                backend,
+            ],
+            check=True,
+        )
         with open(os.path.join(a.out, f"smoke-{backend}.json")) as f:
             results[backend] = json.load(f)
     paged, tagma = results["paged"], results["tagma"]
@@ -83,12 +100,11 @@ def main() -> int:
         f"equal with prefix-cache hits (second pass): "
         f"{paged['second'] == tagma['second']}; paged first==second: {same_cache}"
     )
-    for i, (p, t) in enumerate(zip(paged["first"], tagma["first"])):
+    for i, (p, t) in enumerate(zip(paged["first"], tagma["first"], strict=True)):
         if p != t:
-            print(
-                f"  prompt {i}: first difference at token "
-                f"{next(j for j, (x, y) in enumerate(zip(p, t)) if x != y)}"
-            )
+            pairs = enumerate(zip(p, t, strict=False))
+            first = next((j for j, (x, y) in pairs if x != y), min(len(p), len(t)))
+            print(f"  prompt {i}: first difference at token {first}")
     return 0 if same else 1
 
 
