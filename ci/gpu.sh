@@ -27,7 +27,7 @@ for step in $steps; do
       (cd .gpu && python3 -m pytest -q -p no:cacheprovider -rs \
         --junitxml="$OLDPWD/$OUT/gpu-tests.xml" tests) || status=1 ;;
     bench)
-      python3 .gpu/bench_write_path.py --out "$OUT" || status=1 ;;
+      python3 scripts/bench/write_path.py --out "$OUT" || status=1 ;;
     smoke)
       [ -f /tmp/llama1b/config.json ] || python3 .kit/make_model.py /tmp/llama1b --size 1b >/dev/null
       python3 scripts/gpu/smoke_e2e.py --model /tmp/llama1b --out "$OUT" || status=1 ;;

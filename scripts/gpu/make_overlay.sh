@@ -25,6 +25,6 @@ git -C "$tree" diff --name-only --diff-filter=AM "upstream/v$version" HEAD -- vl
 done
 so=$(ls "$tree"/vllm/_tagma_C*.so 2>/dev/null | head -1 || true)
 if [ -n "$so" ]; then cp "$so" "$out/vllm/"; else echo "warning: no _tagma_C built" >&2; fi
-cp "$root"/staging/write_path/bench_write_path.py "$out/" 2>/dev/null || true
+
 du -sh "$out"
 find "$out" -type f | sort
