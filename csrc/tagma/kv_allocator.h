@@ -37,8 +37,11 @@
 //      consecutive ranges are never physically adjacent (merge on append),
 //      and there are at most max_ranges of them.
 //
-// Errors are Status codes, never exceptions; a call that fails leaves the
-// allocator exactly as it was (evictions done on the way are rolled back).
+// The FREE blocks are a FreeRuns (kv_free_runs.h): this class owns the block
+// states and calls its unchecked layer (put/cut/pick/plan/take_after).
+// Errors are Status codes (kv_status.h), never exceptions; a call that fails
+// leaves the allocator exactly as it was (evictions done on the way are
+// rolled back).
 // Standard library only; header-only; C++17.
 
 #include <algorithm>
@@ -47,12 +50,12 @@
 #include <cstdio>
 #include <iterator>
 #include <limits>
-#include <map>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "kv_free_runs.h"
 
 #ifdef TAGMA_HEAVY_CHECKS
   #include <cassert>
@@ -63,89 +66,6 @@
 #endif
 
 namespace tagma {
-
-enum class Status : int32_t {
-  kOk = 0,
-  kOutOfMemory,       // not enough free + cache-only blocks
-  kUnknownRequest,    // no such request (or already released)
-  kDuplicateRequest,  // allocate() on an existing request: use grow()
-  kZeroCount,         // count == 0
-  kMisaligned,        // count is not a multiple of the alignment
-  kTooManyRanges,     // would exceed max_ranges ranges for the request
-  kInvalidArgument,   // negative count, null pointer with n > 0, ...
-  kOutOfRange,        // logical block beyond the request's length
-  kCacheMiss,         // acquire_cached(): a key is not cached
-  kDuplicateKey,      // acquire_cached(): the same key twice
-  kKeyConflict,       // cache(): the block already carries another key
-  kRequestNotEmpty,   // acquire_cached() on a request that holds blocks
-  kCacheInUse,        // reset_cache() while some block is in use
-  kBadConfig,         // the constructor arguments were invalid
-};
-
-inline const char* status_str(Status s) {
-  switch (s) {
-    case Status::kOk:
-      return "ok";
-    case Status::kOutOfMemory:
-      return "out of memory";
-    case Status::kUnknownRequest:
-      return "unknown request";
-    case Status::kDuplicateRequest:
-      return "duplicate request";
-    case Status::kZeroCount:
-      return "zero count";
-    case Status::kMisaligned:
-      return "count not a multiple of the alignment";
-    case Status::kTooManyRanges:
-      return "too many ranges for one request";
-    case Status::kInvalidArgument:
-      return "invalid argument";
-    case Status::kOutOfRange:
-      return "logical block out of range";
-    case Status::kCacheMiss:
-      return "cache miss";
-    case Status::kDuplicateKey:
-      return "duplicate cache key";
-    case Status::kKeyConflict:
-      return "block already cached under another key";
-    case Status::kRequestNotEmpty:
-      return "request already holds blocks";
-    case Status::kCacheInUse:
-      return "cache blocks in use";
-    case Status::kBadConfig:
-      return "invalid allocator configuration";
-  }
-  return "unknown status";
-}
-
-// Which free run a single-range allocation takes. Best fit is the default;
-// the others exist so that bench_kv_engine's fragmentation trace can measure
-// the choice (first fit scans the runs by address: O(runs), measurement only).
-//
-// Why best fit: the trace (64K blocks, prompts 1..256 blocks, half behind 16
-// shared prefixes, decode growth, 5 seeds x 5 runs, median) gives ranges per
-// request mean / p99 / max and the share of allocations needing the fallback:
-//
-//                   97 % occupancy (3 % watermark)  99.9 % (saturated)
-//   policy          mean / p99 / max   fallback     mean / p99 / max  fallback
-//   best fit        12.6 /  31 /  37   2.1 %        24.3 / 138 / 256  3.6 %
-//   first fit       12.0 /  31 /  38   2.3 %        28.3 / 159 / 256  3.6 %
-//   worst fit       13.1 /  47 /  77   3.3 %        37.1 / 191 / 256  3.8 %
-//   half gap        14.9 /  63 / 109   3.7 %        41.7 / 201 / 256  4.2 %
-//   best, grow half 14.8 /  64 / 109   3.6 %        41.5 / 202 / 256  4.1 %
-//
-// Best fit has the smallest tail and fallback share in both regimes (first
-// fit's mean is 5 % lower at 97 %, its tail is not). Note #1: no placement
-// keeps one range per request at high occupancy: decode growth finds its
-// neighbour taken and opens a new range, and when saturated some requests
-// reach the 256-range cap (kTooManyRanges), so the manager must handle it.
-enum class FitPolicy : int32_t {
-  kBestFit = 0,
-  kFirstFit,
-  kWorstFit,
-  kHalfGap,
-  kBestFitGrowHalfGap,  // best fit for new requests, half gap for growth
-};
 
 // One contiguous physical range of a request. logical_start is the logical
 // index of its first block (the kernel's "cum"), so
@@ -213,8 +133,8 @@ class KVAllocator {
     lru_next_.assign(n_ + 1, 0);
     lru_prev_[n_] = lru_next_[n_] = static_cast<int32_t>(n_);
     hist_.assign(max_ranges_ + 1, 0);
-    run_insert(0, n_);
-    free_ = n_;
+    free_ = FreeRuns(n_, align_);
+    free_.put(0, n_);
   }
 
   Status config_status() const { return config_; }
@@ -294,19 +214,19 @@ class KVAllocator {
         if (--ref_[b] != 0) continue;
         --used_;
         if (cached_[b]) {
-          if (lo != hi) release_run(lo, hi - lo);
+          if (lo != hi) free_.put(lo, hi - lo);
           lo = hi = 0;
           lru_push_back(b);
           ++cached_only_;
         } else if (lo != hi && lo == b + 1) {
           lo = b;
         } else {
-          if (lo != hi) release_run(lo, hi - lo);
+          if (lo != hi) free_.put(lo, hi - lo);
           lo = b;
           hi = b + 1;
         }
       }
-      if (lo != hi) release_run(lo, hi - lo);
+      if (lo != hi) free_.put(lo, hi - lo);
     }
     hist_remove(ranges.size());
     recycle(it);
@@ -513,11 +433,11 @@ class KVAllocator {
   KVAllocatorStats stats() const {
     KVAllocatorStats s;
     s.total = n_;
-    s.free = free_;
+    s.free = free_.num_free();
     s.used = used_;
     s.cached_only = cached_only_;
-    s.largest_free_run = largest_fit();
-    s.num_free_runs = runs_.size();
+    s.largest_free_run = free_.largest_run();
+    s.num_free_runs = free_.num_runs();
     s.num_requests = reqs_.size();
     s.ranges_total = ranges_total_;
     s.max_ranges_per_request = max_r_;
@@ -544,7 +464,7 @@ class KVAllocator {
   }
   // Free runs (start, length) by address. O(runs).
   std::vector<std::pair<uint32_t, uint32_t>> free_runs() const {
-    return {runs_.begin(), runs_.end()};
+    return free_.runs();
   }
 
   // Recomputes every invariant from scratch, O(blocks + ranges + keys);
@@ -605,9 +525,9 @@ class KVAllocator {
     TAGMA_CHECK(keyed == key_map_.size());
     // 5
     TAGMA_CHECK(used == used_);
-    TAGMA_CHECK(free_blocks == free_);
+    TAGMA_CHECK(free_blocks == free_.num_free());
     TAGMA_CHECK(cached_only == cached_only_);
-    TAGMA_CHECK(free_ + used_ + cached_only_ == n_);
+    TAGMA_CHECK(free_.num_free() + used_ + cached_only_ == n_);
     TAGMA_CHECK(ranges_total == ranges_total_);
     TAGMA_CHECK(hist == hist_);
     uint64_t max_r = 0;
@@ -615,27 +535,15 @@ class KVAllocator {
       if (hist[k] != 0) max_r = k;
     }
     TAGMA_CHECK(max_r == max_r_);
-    // 2: free runs.
-    uint64_t in_runs = 0, fits = 0;
-    int64_t prev_end = -1;
-    for (const auto& run : runs_) {
-      const uint32_t s = run.first, l = run.second;
-      TAGMA_CHECK(l > 0);
-      TAGMA_CHECK(static_cast<uint64_t>(s) + l <= n_);
-      TAGMA_CHECK(static_cast<int64_t>(s) > prev_end);  // coalesced, ordered
-      for (uint32_t b = s; b < s + l; ++b) {
+    // 2: free runs: their own invariants, and they cover exactly the FREE
+    // blocks (free_blocks counted them above; each run holds only FREE ones).
+    TAGMA_CHECK(free_.validate(verbose));
+    TAGMA_CHECK(free_.num_blocks() == n_ && free_.alignment() == align_);
+    for (const FreeRuns::Run& run : free_.runs()) {
+      for (uint32_t b = run.first; b < run.first + run.second; ++b) {
         TAGMA_CHECK(ref_[b] == 0 && !cached_[b]);
       }
-      const uint32_t u = usable(s, l);
-      if (u > 0) {
-        ++fits;
-        TAGMA_CHECK(by_fit_.count({u, s}) == 1);
-      }
-      in_runs += l;
-      prev_end = static_cast<int64_t>(s) + l;
     }
-    TAGMA_CHECK(in_runs == free_);
-    TAGMA_CHECK(fits == by_fit_.size());
     // 3: LRU list.
     uint64_t in_lru = 0;
     int32_t prev = static_cast<int32_t>(n_);
@@ -661,14 +569,6 @@ class KVAllocator {
   using RequestMap = std::unordered_map<RequestId, Request>;
   using RequestNode = RequestMap::node_type;
 
-  // One planned piece of an allocation: `len` blocks at `at`, carved from
-  // the free run that starts at `run`.
-  struct Piece {
-    uint32_t run;
-    uint32_t at;
-    uint32_t len;
-  };
-
   bool in(int64_t b) const { return b >= 0 && b < static_cast<int64_t>(n_); }
 
   Status check_count(int64_t count) const {
@@ -677,105 +577,6 @@ class KVAllocator {
     if (count == 0) return Status::kZeroCount;
     if (count % align_ != 0) return Status::kMisaligned;
     return Status::kOk;
-  }
-
-  // ------------------------------------------------------------ free runs
-  //
-  // runs_   : start -> length, by address; neighbours for coalescing.
-  // by_fit_ : (usable, start) for runs that can hold >= one aligned chunk.
-  //           usable = aligned blocks one range can take from the run, so
-  //           lower_bound({count, 0}) is the best fit that surely fits, with
-  //           the lowest address on ties. Both O(log runs).
-
-  uint32_t align_up(uint32_t x) const {
-    if (align_ == 1) return x;
-    const uint64_t a = (static_cast<uint64_t>(x) + align_ - 1) / align_;
-    return static_cast<uint32_t>(std::min<uint64_t>(a * align_, n_));
-  }
-  uint32_t align_down(uint32_t x) const {
-    return align_ == 1 ? x : x - x % align_;
-  }
-  uint32_t usable(uint32_t s, uint32_t l) const {
-    const uint32_t a = align_up(s);
-    return a >= s + l ? 0 : align_down(s + l - a);
-  }
-  uint32_t largest_fit() const {
-    return by_fit_.empty() ? 0 : by_fit_.rbegin()->first;
-  }
-
-  void run_insert(uint32_t s, uint32_t l) {
-    runs_.emplace(s, l);
-    const uint32_t u = usable(s, l);
-    if (u > 0) by_fit_.emplace(u, s);
-  }
-  std::map<uint32_t, uint32_t>::iterator run_erase(
-      std::map<uint32_t, uint32_t>::iterator it) {
-    const uint32_t u = usable(it->first, it->second);
-    if (u > 0) by_fit_.erase({u, it->first});
-    return runs_.erase(it);
-  }
-
-  // Gives a free run a new extent. The tree nodes are re-keyed through
-  // extract/insert, so shrinking or growing a run never allocates.
-  void run_move(std::map<uint32_t, uint32_t>::iterator it, uint32_t ns,
-                uint32_t nl) {
-    const uint32_t os = it->first, ou = usable(os, it->second);
-    const uint32_t nu = usable(ns, nl);
-    if (ou != nu || os != ns) {
-      if (ou > 0) {
-        auto node = by_fit_.extract({ou, os});
-        if (nu > 0) {
-          node.value() = {nu, ns};
-          by_fit_.insert(std::move(node));
-        }
-      } else if (nu > 0) {
-        by_fit_.emplace(nu, ns);
-      }
-    }
-    if (ns == os) {
-      it->second = nl;
-      return;
-    }
-    auto node = runs_.extract(it);
-    node.key() = ns;
-    node.mapped() = nl;
-    runs_.insert(std::move(node));
-  }
-
-  // Takes [t, t + k) out of the free run `it`, which contains it.
-  void carve(std::map<uint32_t, uint32_t>::iterator it, uint32_t t,
-             uint32_t k) {
-    const uint32_t s = it->first, e = it->first + it->second;
-    if (t > s) {
-      run_move(it, s, t - s);
-      if (t + k < e) run_insert(t + k, e - (t + k));
-    } else if (t + k < e) {
-      run_move(it, t + k, e - (t + k));
-    } else {
-      run_erase(it);
-    }
-    free_ -= k;
-  }
-
-  // Returns [s, s + l) (not free now) to the free list, coalescing.
-  void release_run(uint32_t s, uint32_t l) {
-    auto next = runs_.lower_bound(s);
-    const bool to_next = next != runs_.end() && next->first == s + l;
-    auto prev = next;
-    const bool to_prev =
-        next != runs_.begin() && (--prev, prev->first + prev->second == s);
-    if (to_prev && to_next) {
-      const uint32_t nl = prev->second + l + next->second;
-      run_erase(next);
-      run_move(prev, prev->first, nl);
-    } else if (to_prev) {
-      run_move(prev, prev->first, prev->second + l);
-    } else if (to_next) {
-      run_move(next, s, l + next->second);
-    } else {
-      run_insert(s, l);
-    }
-    free_ += l;
   }
 
   // ------------------------------------------------------------- LRU list
@@ -812,14 +613,13 @@ class KVAllocator {
     }
     key_[b].clear();
     cached_[b] = 0;
-    release_run(b, 1);
+    free_.put(b, 1);
     ++evictions_;
   }
 
   // Exact inverse of evict_one(true) when undone in reverse order.
   void unevict(uint32_t b, Key* key) {
-    auto it = std::prev(runs_.upper_bound(b));
-    carve(it, b, 1);
+    free_.cut(b, 1);
     cached_[b] = 1;
     key_[b] = std::move(*key);
     key_map_.emplace(key_[b], b);
@@ -859,7 +659,7 @@ class KVAllocator {
   Status take(Request* r, uint32_t count) {
     // Fast refusal before touching anything: evicting every cache-only
     // block would still not make room.
-    if (static_cast<uint64_t>(free_) + cached_only_ < count) {
+    if (free_.num_free() + cached_only_ < count) {
       return Status::kOutOfMemory;
     }
     evict_log_.clear();
@@ -867,14 +667,10 @@ class KVAllocator {
     if (!r->ranges.empty()) {
       const BlockRange& last = r->ranges.back();
       const uint32_t end = last.start + last.length;
-      auto it = runs_.find(end);  // a free run touching the last range
-      if (it != runs_.end()) {
-        in_place = align_down(std::min(count, it->second));
-        if (in_place > 0) {
-          carve(it, end, in_place);
-          append(r, end, in_place);
-        }
-      }
+      // The free run touching the last range, rounded to the alignment.
+      in_place = static_cast<uint32_t>(
+          free_.take_after(static_cast<int64_t>(end) - 1, count));
+      if (in_place > 0) append(r, end, in_place);
     }
     const uint32_t rest = count - in_place;
     if (rest == 0) {
@@ -890,42 +686,27 @@ class KVAllocator {
     if (have >= max_ranges_ && !touches_end(*r)) {
       return fail(Status::kTooManyRanges);
     }
-    while (largest_fit() < rest && cached_only_ > 0) evict_one(true);
+    while (free_.largest_run() < rest && cached_only_ > 0) evict_one(true);
 
-    plan_.clear();
-    if (largest_fit() >= rest) {
-      plan_.push_back(pick_run(rest, have > 0));
-    } else {
-      // Largest runs first keeps the range count minimal; the last piece
-      // takes the best fit for what is left, which the greedy choice would
-      // otherwise split off a large run.
-      uint32_t left = rest;
-      for (auto f = by_fit_.rbegin(); f != by_fit_.rend() && left > 0; ++f) {
-        if (f->first >= left) {
-          const uint32_t s = by_fit_.lower_bound({left, 0})->second;
-          plan_.push_back(Piece{s, align_up(s), left});
-          left = 0;
-          break;
-        }
-        plan_.push_back(Piece{f->second, align_up(f->second), f->first});
-        left -= f->first;
-      }
-      if (left > 0) return fail(Status::kOutOfMemory);
+    if (free_.largest_run() >= rest) {
+      plan_.assign(1, FreeRuns::Run{free_.pick(rest, policy_, have > 0), rest});
+    } else if (!free_.plan(rest, &plan_)) {
+      return fail(Status::kOutOfMemory);
     }
     // Count the ranges this would create before creating them.
     size_t new_ranges = 0;
     uint32_t end = r->ranges.empty()
                        ? n_ + 1  // nothing to touch
                        : r->ranges.back().start + r->ranges.back().length;
-    for (const Piece& p : plan_) {
-      if (p.at != end) ++new_ranges;
-      end = p.at + p.len;
+    for (const FreeRuns::Run& p : plan_) {
+      if (p.first != end) ++new_ranges;
+      end = p.first + p.second;
     }
     if (have + new_ranges > max_ranges_) return fail(Status::kTooManyRanges);
 
-    for (const Piece& p : plan_) {
-      carve(runs_.find(p.run), p.at, p.len);
-      append(r, p.at, p.len);
+    for (const FreeRuns::Run& p : plan_) {
+      free_.cut(p.first, p.second);
+      append(r, p.first, p.second);
     }
     mark_refs(r, count);
     if (plan_.size() > 1) ++fallback_;
@@ -933,43 +714,10 @@ class KVAllocator {
     return Status::kOk;
   }
 
-  // Where a single range of `k` blocks goes (some run fits).
-  Piece pick_run(uint32_t k, bool growing) const {
-    uint32_t s = 0;
-    switch (policy_) {
-      case FitPolicy::kBestFitGrowHalfGap:
-        if (!growing) {
-          s = by_fit_.lower_bound({k, 0})->second;
-          break;
-        }
-        [[fallthrough]];
-      case FitPolicy::kHalfGap: {
-        // Middle of the largest run: slack on both sides for growth.
-        const auto& f = *by_fit_.rbegin();
-        const uint32_t at = align_up(f.second) + align_down((f.first - k) / 2);
-        return Piece{f.second, at, k};
-      }
-      case FitPolicy::kWorstFit:
-        s = by_fit_.rbegin()->second;
-        break;
-      case FitPolicy::kFirstFit:
-        for (const auto& run : runs_) {
-          if (usable(run.first, run.second) >= k) {
-            return Piece{run.first, align_up(run.first), k};
-          }
-        }
-        [[fallthrough]];
-      case FitPolicy::kBestFit:
-        s = by_fit_.lower_bound({k, 0})->second;
-        break;
-    }
-    return Piece{s, align_up(s), k};
-  }
-
   // true when a free run starts right after the request's last range.
   bool touches_end(const Request& r) const {
     if (r.ranges.empty()) return false;
-    return runs_.count(r.ranges.back().start + r.ranges.back().length) != 0;
+    return free_.run_at(r.ranges.back().start + r.ranges.back().length) != 0;
   }
 
   // Sets ref 0 -> 1 on the last `count` logical blocks (all freshly taken).
@@ -994,7 +742,7 @@ class KVAllocator {
       r->num_blocks -= in_place;
       const uint32_t s = last.start + last.length;
       if (last.length == 0) r->ranges.pop_back();
-      release_run(s, in_place);
+      free_.put(s, in_place);
     }
     for (size_t i = evict_log_.size(); i-- > 0;) {
       unevict(evict_log_[i].first, &evict_log_[i].second);
@@ -1053,13 +801,12 @@ class KVAllocator {
   std::vector<int32_t> lru_prev_, lru_next_;  // n_ + 1 entries, n_ = sentinel
   std::unordered_map<Key, uint32_t> key_map_;
 
-  std::map<uint32_t, uint32_t> runs_;
-  std::set<std::pair<uint32_t, uint32_t>> by_fit_;
+  FreeRuns free_;  // the FREE blocks
 
   RequestMap reqs_;
   std::vector<uint64_t> hist_;  // hist_[k] = requests holding k ranges
 
-  uint64_t free_ = 0, used_ = 0, cached_only_ = 0;
+  uint64_t used_ = 0, cached_only_ = 0;
   uint64_t ranges_total_ = 0, max_r_ = 0;
   uint64_t fallback_ = 0, evictions_ = 0;
 
@@ -1067,7 +814,7 @@ class KVAllocator {
   std::vector<uint32_t> mark_;  // per block: epoch stamp for duplicate checks
   uint32_t epoch_ = 0;
   std::vector<uint32_t> scratch_;
-  std::vector<Piece> plan_;
+  std::vector<FreeRuns::Run> plan_;  // (start, length) pieces of a take
   std::vector<std::pair<uint32_t, Key>> evict_log_;
   std::vector<RequestNode> spare_;  // recycled request nodes
 };

@@ -105,6 +105,30 @@ def _fingerprint(*parts: str | Path) -> str:
     return h.hexdigest()
 
 
+def build_extension(layout: trees.Layout, py: Path, tree: Path) -> int:
+    """Build _tagma_C standalone and place it in the tree's vllm/.
+
+    Neither VLLM_TARGET_DEVICE=empty nor VLLM_USE_PRECOMPILED runs vLLM's
+    CMake, so the patched target there never builds in these modes; the
+    engine's own CMake builds the same sources into the same *.abi3.so.
+    """
+    cmake = str(py.parent / "cmake")
+    out = layout.build / "tagma-ext"
+    _run([cmake, "-S", str(layout.root / trees.ENGINE), "-B", str(out),
+          "-DTAGMA_PYTHON_EXT=ON", "-DTAGMA_BUILD_TESTS=OFF", "-DTAGMA_BUILD_BENCH=OFF",
+          "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={py}"])  # fmt: skip
+    _run([cmake, "--build", str(out), "-j2", "--target", "_tagma_C"])
+    built = sorted(out.glob("_tagma_C*.so"))
+    if not built:
+        print(f"    no _tagma_C*.so in {out}")
+        return 1
+    for old in (tree / "vllm").glob("_tagma_C*.so"):
+        old.unlink()
+    shutil.copy2(built[0], tree / "vllm" / built[0].name)
+    print(f"    {tree / 'vllm' / built[0].name}")
+    return 0
+
+
 def build_fork(layout: trees.Layout) -> int:
     pin = upstream.read_pin(layout.root)
     venv = layout.build / "venv"
@@ -168,6 +192,14 @@ def build_fork(layout: trees.Layout) -> int:
          "--no-build-isolation", "-e", str(tree)],
         env=env,
     )  # fmt: skip
+    _done(t0)
+
+    t0 = _step("build vllm._tagma_C (stable ABI 3.11) from csrc/tagma")
+    if build_extension(layout, py, tree) != 0:
+        return 1
+    _done(t0)
+
+    t0 = _step("install the test-only CPU platform plugin")
     plugin = layout.root / "tests/conformance/cpu_platform"
     if not cuda and plugin.exists():
         _run(

@@ -66,10 +66,10 @@ void carve_pattern(KVAllocator* a, const std::vector<int>& sizes,
 
 TEST_CASE("test_kv_allocator_status_str") {
   std::set<std::string> seen;
-  for (int s = 0; s <= static_cast<int>(Status::kBadConfig); ++s) {
+  for (int s = 0; s <= static_cast<int>(Status::kLast); ++s) {
     seen.insert(tagma::status_str(static_cast<Status>(s)));
   }
-  CHECK(seen.size() == static_cast<size_t>(Status::kBadConfig) + 1);
+  CHECK(seen.size() == static_cast<size_t>(Status::kLast) + 1);
   CHECK(std::string(tagma::status_str(static_cast<Status>(1000))) ==
         "unknown status");
 }

@@ -1,0 +1,940 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""Tests of the _tagma_C extension: every method, every error path (the
+right exception, the object unchanged and still usable), the module's
+stable-ABI build, and a leak check over 10^5 calls.
+"""
+
+import array
+import gc
+import glob
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from contextlib import suppress
+
+import _tagma_C as T
+import numpy as np
+import pytest
+from conftest import EXT_DIR
+
+# ------------------------------------------------------------------ helpers
+
+
+def fr_state(f):
+    return (f.runs(), f.num_free, f.largest_run, f.num_runs)
+
+
+def al_state(a, reqs=()):
+    """Everything observable of an allocator (for unchanged-after-error)."""
+    return (a.stats(), {r: a.ranges(r) for r in reqs if r in a})
+
+
+def raises_unchanged(state, exc, fn, *args, match=None):
+    """fn(*args) raises exc, and state() is the same before and after."""
+    before = state()
+    with pytest.raises(exc, match=match):
+        fn(*args)
+    assert state() == before
+
+
+def keys(prefix, n):
+    return [f"{prefix}{i}".encode() for i in range(n)]
+
+
+# ----------------------------------------------------------------- module
+
+
+def test_module_is_abi3():
+    path = pathlib.Path(T.__file__)
+    assert path.name == "_tagma_C.abi3.so"
+    assert path.parent == EXT_DIR.resolve() or path.parent == EXT_DIR
+
+
+def test_module_contents():
+    assert T.MAX_BLOCKS == 2**31 - 2
+    for name in ("FreeRuns", "KVAllocator", "KVCoordMap"):
+        cls = getattr(T, name)
+        assert cls.__module__ == "vllm._tagma_C"
+        assert cls.__doc__
+        with pytest.raises(TypeError):
+            cls.x = 1  # immutable types
+        with pytest.raises(TypeError):
+
+            class Sub(cls):  # not subclassable
+                pass
+
+
+def test_module_multi_phase_init_gives_independent_types():
+    spec = importlib.util.find_spec("_tagma_C")
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    assert other is not T
+    assert other.FreeRuns is not T.FreeRuns
+    f = other.FreeRuns(4)
+    f.add_range(0, 4)
+    assert f.take(2) == [(0, 2)]
+    del f, other
+    gc.collect()
+
+
+def _other_pythons():
+    found = {}
+    for v in ("3.12", "3.13"):
+        exe = shutil.which(f"python{v}")
+        cands = [exe] if exe else []
+        cands += sorted(
+            glob.glob(os.path.expanduser(f"~/.pyenv/versions/{v}*/bin/python{v}"))
+        )
+        for c in cands:
+            try:
+                out = subprocess.run(
+                    [c, "-c", "import sys; print(sys.version_info[:2])"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if out.returncode == 0:
+                found[v] = c
+                break
+    return found
+
+
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+def test_module_imports_under_newer_python(version):
+    exe = _other_pythons().get(version)
+    if exe is None:
+        pytest.skip(f"no Python {version} here")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import _tagma_C as t; "
+        "a = t.KVAllocator(8); a.allocate(1, 3); print(sys.version_info[:2], "
+        "a.ranges(1), t.__file__)"
+    )
+    out = subprocess.run(
+        [exe, "-c", code, str(EXT_DIR)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "[(0, 3, 0)]" in out.stdout and "abi3.so" in out.stdout
+
+
+# --------------------------------------------------------------- FreeRuns
+
+
+def test_free_runs_starts_empty():
+    f = T.FreeRuns(16)
+    assert (f.num_blocks, f.alignment) == (16, 1)
+    assert (f.num_free, f.largest_run, f.num_runs) == (0, 0, 0)
+    assert f.runs() == []
+    assert 0 not in f
+    assert f.take_after(-1, 4) == 0
+    assert f.validate()
+    assert repr(f) == "FreeRuns(num_blocks=16, alignment=1, num_free=0, num_runs=0)"
+
+
+@pytest.mark.parametrize(
+    "args", [(0,), (-1,), (T.MAX_BLOCKS + 1,), (8, 0), (8, 9), (8, -2), (2**70,)]
+)
+def test_free_runs_constructor_errors(args):
+    with pytest.raises(ValueError, match=r"FreeRuns"):
+        T.FreeRuns(*args)
+
+
+def test_free_runs_constructor_types():
+    assert T.FreeRuns(num_blocks=8, alignment=2).alignment == 2
+    assert T.FreeRuns(np.int64(8)).num_blocks == 8
+    with pytest.raises(TypeError):
+        T.FreeRuns("8")
+    with pytest.raises(TypeError):
+        T.FreeRuns(8.0)
+    with pytest.raises(TypeError):
+        T.FreeRuns()
+    with pytest.raises(TypeError):
+        T.FreeRuns(8, 1, 1)
+
+
+def test_free_runs_add_coalesces():
+    f = T.FreeRuns(16)
+    f.add([3, 1, 2])
+    assert f.runs() == [(1, 3)]
+    f.add((5, 9, 8))
+    assert f.runs() == [(1, 3), (5, 1), (8, 2)]
+    f.add(iter([4]))  # any iterable
+    assert f.runs() == [(1, 5), (8, 2)]
+    f.add(range(10, 12))
+    f.add([])
+    assert f.runs() == [(1, 5), (8, 4)]
+    assert (f.num_free, f.largest_run, f.num_runs) == (9, 5, 2)
+    assert f.validate()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: np.array(v, dtype=np.uint32),
+        lambda v: np.array(v, dtype=np.int32),
+        lambda v: np.array(v, dtype=np.int64),
+        lambda v: np.array(v, dtype=np.uint64),
+        lambda v: array.array("I", v),
+        lambda v: array.array("i", v),
+        lambda v: array.array("q", v),
+        lambda v: memoryview(array.array("I", v)),
+        lambda v: np.repeat(np.array(v, dtype=np.int64), 2)[::2],  # strided
+        lambda v: [np.int64(x) for x in v],
+    ],
+)
+def test_free_runs_add_remove_buffers(make):
+    f = T.FreeRuns(64)
+    f.add(make([7, 5, 6, 40]))
+    assert f.runs() == [(5, 3), (40, 1)]
+    f.remove(make([6, 40]))
+    assert f.runs() == [(5, 1), (7, 1)]
+    assert f.validate()
+
+
+def test_free_runs_add_buffer_errors_leave_state_unchanged():
+    f = T.FreeRuns(16)
+    f.add_range(2, 3)
+    st = lambda: fr_state(f)  # noqa: E731
+    raises_unchanged(st, TypeError, f.add, np.array([1.0, 2.0]), match="format")
+    raises_unchanged(st, TypeError, f.add, b"\x00\x01")
+    raises_unchanged(
+        st,
+        ValueError,
+        f.add,
+        np.array([1, -1], dtype=np.int32),
+        match=r"block -1 out of range \[0, 16\)",
+    )
+    raises_unchanged(
+        st, ValueError, f.add, np.array([2**40], dtype=np.int64), match="out of range"
+    )
+    raises_unchanged(
+        st, ValueError, f.add, np.array([2**63], dtype=np.uint64), match="out of range"
+    )
+    raises_unchanged(
+        st,
+        ValueError,
+        f.add,
+        np.array([16], dtype=np.uint32),
+        match=r"block 16 not in \[0, 16\)",
+    )
+    raises_unchanged(
+        st, ValueError, f.add, np.array([0, 0], dtype=np.uint32), match="twice"
+    )
+    f.add(np.array([0, 1], dtype=np.uint32))  # still usable
+    assert f.runs() == [(0, 5)]
+
+
+def test_free_runs_add_errors_leave_state_unchanged():
+    f = T.FreeRuns(16)
+    f.add_range(2, 3)
+    f.add_range(10, 2)
+    st = lambda: fr_state(f)  # noqa: E731
+    raises_unchanged(
+        st,
+        ValueError,
+        f.add,
+        [0, 16],
+        match=r"FreeRuns.add\(<2 ids>\): block out of range: block 16 not in \[0, 16\)",
+    )
+    raises_unchanged(st, ValueError, f.add, [0, -1], match="block -1 out of range")
+    raises_unchanged(st, ValueError, f.add, [2**64], match="out of range")
+    raises_unchanged(
+        st, ValueError, f.add, [7, 6, 7], match="the same block twice: block 7"
+    )
+    raises_unchanged(
+        st, ValueError, f.add, [0, 1, 9, 10], match="block already free: block 10"
+    )
+    raises_unchanged(st, TypeError, f.add, [0, "1"], match=r"ids\[1\] must be an int")
+    raises_unchanged(st, TypeError, f.add, [0, 1.5])
+    raises_unchanged(st, TypeError, f.add, 5, match="iterable")
+    raises_unchanged(st, TypeError, f.add)
+    raises_unchanged(st, TypeError, f.add, [1], [2])
+    with pytest.raises(TypeError):
+        f.add(ids=[1])  # positional only
+    f.add([0, 1])
+    assert f.runs() == [(0, 5), (10, 2)]
+
+
+def test_free_runs_add_range():
+    f = T.FreeRuns(16)
+    f.add_range(4, 4)
+    f.add_range(0, 4)
+    f.add_range(8, 8)
+    assert f.runs() == [(0, 16)]
+    assert f.validate()
+
+
+def test_free_runs_add_range_errors_leave_state_unchanged():
+    f = T.FreeRuns(16)
+    f.add_range(2, 3)
+    st = lambda: fr_state(f)  # noqa: E731
+    raises_unchanged(st, ValueError, f.add_range, 0, 0, match="zero count")
+    raises_unchanged(st, ValueError, f.add_range, 0, -1, match="length must be >= 0")
+    raises_unchanged(st, ValueError, f.add_range, -1, 2, match="out of range")
+    raises_unchanged(st, ValueError, f.add_range, 15, 2, match="out of range")
+    raises_unchanged(st, ValueError, f.add_range, 0, 2**63 - 1, match="out of range")
+    raises_unchanged(st, ValueError, f.add_range, 0, 2**64, match="int64")
+    raises_unchanged(
+        st,
+        ValueError,
+        f.add_range,
+        0,
+        3,
+        match=r"FreeRuns.add_range\(start=0, length=3\): block already free: block 2",
+    )
+    raises_unchanged(st, TypeError, f.add_range, 0, "3")
+    raises_unchanged(st, TypeError, f.add_range, 0)
+    f.add_range(0, 2)
+    assert f.runs() == [(0, 5)]
+
+
+def test_free_runs_remove_splits():
+    f = T.FreeRuns(16)
+    f.add_range(0, 16)
+    f.remove([10, 5, 6])
+    assert f.runs() == [(0, 5), (7, 3), (11, 5)]
+    assert 5 not in f and 7 in f
+    f.remove_range(11, 5)
+    assert f.runs() == [(0, 5), (7, 3)]
+    f.remove([])
+    assert f.validate()
+
+
+def test_free_runs_remove_errors_leave_state_unchanged():
+    f = T.FreeRuns(16)
+    f.add_range(2, 3)
+    f.add_range(10, 2)
+    st = lambda: fr_state(f)  # noqa: E731
+    raises_unchanged(st, ValueError, f.remove, [2, 16], match="block 16 not in")
+    raises_unchanged(st, ValueError, f.remove, [3, 2, 3], match="twice: block 3")
+    raises_unchanged(
+        st, ValueError, f.remove, [2, 3, 0], match="block not free: block 0"
+    )
+    raises_unchanged(
+        st, ValueError, f.remove, [3, 4, 5], match="block not free: block 5"
+    )
+    raises_unchanged(
+        st, ValueError, f.remove_range, 1, 2, match="block not free: block 1"
+    )
+    raises_unchanged(
+        st, ValueError, f.remove_range, 10, 3, match="block not free: block 12"
+    )
+    raises_unchanged(st, ValueError, f.remove_range, 0, 0, match="zero count")
+    raises_unchanged(st, ValueError, f.remove_range, 0, -3, match="length must be >= 0")
+    raises_unchanged(st, ValueError, f.remove_range, 15, 2, match="out of range")
+    f.remove_range(2, 3)
+    assert f.runs() == [(10, 2)]
+
+
+def test_free_runs_take_after():
+    f = T.FreeRuns(16)
+    f.add_range(4, 4)
+    f.add_range(10, 6)
+    assert f.take_after(3, 2) == 2
+    assert f.take_after(5, 9) == 2
+    assert f.take_after(7, 1) == 0  # block 8 not free
+    assert f.take_after(10, 2) == 2  # from inside a run
+    assert f.runs() == [(10, 1), (13, 3)]
+    assert f.take_after(15, 1) == 0
+    assert f.take_after(99, 1) == 0
+    assert f.take_after(-5, 1) == 0
+    assert f.take_after(12, 0) == 0
+    assert f.take_after(12, 2**63 - 1) == 3
+    assert f.runs() == [(10, 1)]
+    before = fr_state(f)
+    with pytest.raises(
+        ValueError, match=r"take_after\(block=9, n=-1\).*n must be >= 0"
+    ):
+        f.take_after(9, -1)
+    with pytest.raises(TypeError):
+        f.take_after(9)
+    assert fr_state(f) == before
+    assert f.take_after(9, 1) == 1
+
+
+def test_free_runs_take_best_fit_lowest_address():
+    f = T.FreeRuns(64)
+    for s, n in [(0, 4), (7, 6), (20, 6), (30, 34)]:
+        f.add_range(s, n)
+    assert f.take(5) == [(7, 5)]
+    assert f.take(6) == [(20, 6)]
+    assert f.take(4, 1) == [(0, 4)]
+    assert f.take(1) == [(12, 1)]
+    assert f.take(34) == [(30, 34)]
+    assert f.num_free == 0
+
+
+def test_free_runs_take_multi_range():
+    f = T.FreeRuns(20)
+    for s, n in [(0, 3), (4, 5), (10, 2), (13, 4)]:
+        f.add_range(s, n)
+    assert f.take(12, 3) == [(4, 5), (13, 4), (0, 3)]
+    assert f.runs() == [(10, 2)]
+    assert f.validate()
+
+
+def test_free_runs_take_errors_leave_state_unchanged():
+    f = T.FreeRuns(20)
+    for s, n in [(0, 3), (4, 5), (10, 2), (13, 4)]:
+        f.add_range(s, n)
+    st = lambda: fr_state(f)  # noqa: E731
+    raises_unchanged(
+        st,
+        MemoryError,
+        f.take,
+        15,
+        match=(
+            r"FreeRuns.take\(n=15, max_ranges=256\): "
+            r"out of memory: 14 free blocks, largest run 5"
+        ),
+    )
+    raises_unchanged(st, MemoryError, f.take, 2**62)
+    raises_unchanged(
+        st,
+        ValueError,
+        f.take,
+        12,
+        2,
+        match=r"too many ranges: 12 blocks need more than 2 ranges",
+    )
+    raises_unchanged(st, ValueError, f.take, 0, match="zero count")
+    raises_unchanged(st, ValueError, f.take, -1, match="n must be >= 0")
+    raises_unchanged(st, ValueError, f.take, 1, 0, match="max_ranges must be >= 1")
+    raises_unchanged(st, TypeError, f.take, 1.0)
+    raises_unchanged(st, TypeError, f.take)
+    raises_unchanged(st, TypeError, f.take, 1, 2, 3)
+    assert len(f.take(14, 4)) == 4
+    assert f.num_free == 0
+
+
+def test_free_runs_alignment():
+    f = T.FreeRuns(32, 4)
+    f.add_range(1, 10)
+    f.add_range(20, 12)
+    assert f.largest_run == 12
+    with pytest.raises(ValueError, match="alignment 4"):
+        f.take(3)
+    assert f.take(4) == [(4, 4)]
+    with pytest.raises(MemoryError):
+        f.take(16)
+    assert f.take(12) == [(20, 12)]
+    assert f.largest_run == 0 and f.num_free == 6
+
+
+def test_free_runs_contains_and_properties():
+    f = T.FreeRuns(8)
+    f.add([1, 2])
+    assert 1 in f and 2 in f and 0 not in f
+    assert -1 not in f and 8 not in f and 2**80 not in f
+    with pytest.raises(TypeError):
+        "1" in f  # noqa: B015
+    with pytest.raises(AttributeError):
+        f.num_free = 3
+    assert f.runs() == [(1, 2)]
+
+
+# ------------------------------------------------------------- KVAllocator
+
+
+def test_kv_allocator_constructor():
+    a = T.KVAllocator(64, alignment=2, max_ranges=8)
+    assert (a.num_blocks, a.alignment, a.max_ranges, a.num_requests) == (64, 2, 8, 0)
+    assert T.KVAllocator(8).max_ranges == 8  # clamped to num_blocks
+    assert a.validate()
+    assert repr(a).startswith("KVAllocator(num_blocks=64, alignment=2, max_ranges=8")
+
+
+@pytest.mark.parametrize(
+    "args", [(0,), (-1,), (T.MAX_BLOCKS + 1,), (8, 0), (8, 9), (8, 1, 0), (2**64,)]
+)
+def test_kv_allocator_constructor_errors(args):
+    with pytest.raises(ValueError, match="KVAllocator"):
+        T.KVAllocator(*args)
+
+
+def test_kv_allocator_allocate_release():
+    a = T.KVAllocator(64)
+    a.allocate(1, 10)
+    a.allocate(2, 5)
+    assert a.ranges(1) == [(0, 10, 0)]
+    assert a.ranges(2) == [(10, 5, 0)]
+    assert a.blocks(2) == list(range(10, 15))
+    assert a.request_blocks(1) == 10
+    assert 1 in a and 3 not in a and a.num_requests == 2
+    a.release(1)
+    assert 1 not in a
+    st = a.stats()
+    assert (st["free"], st["used"], st["num_requests"]) == (59, 5, 1)
+    a.allocate(2**64 - 1, 3)  # the largest request id
+    assert a.ranges(2**64 - 1) == [(0, 3, 0)]
+    assert a.validate()
+
+
+def test_kv_allocator_allocate_errors_leave_state_unchanged():
+    a = T.KVAllocator(16, alignment=2)
+    a.allocate(7, 10)
+    st = lambda: al_state(a, [7])  # noqa: E731
+    raises_unchanged(
+        st,
+        MemoryError,
+        a.allocate,
+        8,
+        8,
+        match=(
+            r"KVAllocator.allocate\(req=8, count=8\): "
+            r"out of memory: 6 free blocks, 0 cached-only"
+        ),
+    )
+    raises_unchanged(st, ValueError, a.allocate, 8, 0, match="zero count")
+    raises_unchanged(st, ValueError, a.allocate, 8, -2, match="counts must be >= 0")
+    raises_unchanged(st, ValueError, a.allocate, 8, 3, match="alignment 2")
+    raises_unchanged(
+        st, ValueError, a.allocate, 7, 2, match=r"duplicate request: use grow\(\)"
+    )
+    raises_unchanged(st, ValueError, a.allocate, -1, 2, match="req=-1 out of range")
+    raises_unchanged(st, ValueError, a.allocate, 2**64, 2, match="out of range")
+    raises_unchanged(st, ValueError, a.allocate, 8, 2**64, match="int64")
+    raises_unchanged(st, TypeError, a.allocate, "8", 2, match="req must be an int")
+    raises_unchanged(st, TypeError, a.allocate, 8, 2.0, match="count must be an int")
+    raises_unchanged(st, TypeError, a.allocate, 8)
+    with pytest.raises(TypeError):
+        a.allocate(req=8, count=2)
+    a.allocate(8, 6)  # still usable
+    assert a.stats()["free"] == 0
+
+
+def test_kv_allocator_grow_in_place_and_fallback():
+    a = T.KVAllocator(32, max_ranges=3)
+    a.allocate(1, 4)
+    a.grow(1, 4)
+    assert a.ranges(1) == [(0, 8, 0)]  # in place: still one range
+    a.allocate(2, 2)  # blocks 8, 9
+    a.grow(1, 2)  # neighbour taken: a new range
+    assert a.ranges(1) == [(0, 8, 0), (10, 2, 8)]
+    assert a.physical_block(1, 9) == 11
+    assert a.ranges_bytes(1) == np.array([0, 8, 0, 10, 2, 8], dtype=np.uint32).tobytes()
+    assert a.validate()
+
+
+def test_kv_allocator_grow_errors_leave_state_unchanged():
+    a = T.KVAllocator(8, max_ranges=2)
+    for r in range(4):
+        a.allocate(r, 2)
+    a.release(1)
+    a.release(3)  # free: [2, 4) and [6, 8)
+    st = lambda: al_state(a, [0, 2])  # noqa: E731
+    raises_unchanged(
+        st,
+        KeyError,
+        a.grow,
+        9,
+        1,
+        match=r"KVAllocator.grow\(req=9, count=1\): unknown request",
+    )
+    raises_unchanged(
+        st,
+        MemoryError,
+        a.grow,
+        0,
+        5,
+        match=r"KVAllocator.grow\(req=0, count=5\): out of memory: 4 free blocks",
+    )
+    raises_unchanged(st, ValueError, a.grow, 0, 0, match="zero count")
+    raises_unchanged(st, ValueError, a.grow, 0, -1, match="counts must be >= 0")
+    raises_unchanged(st, TypeError, a.grow, 0, None)
+    a.grow(0, 2)  # still usable; in place
+    assert a.ranges(0) == [(0, 4, 0)]
+    assert a.validate()
+
+
+def test_kv_allocator_too_many_ranges():
+    a = T.KVAllocator(8, max_ranges=1)
+    for r in range(4):
+        a.allocate(r, 2)
+    a.release(0)
+    a.release(2)  # free: [0, 2) and [4, 6)
+    st = lambda: al_state(a, [1, 3])  # noqa: E731
+    raises_unchanged(
+        st,
+        ValueError,
+        a.allocate,
+        9,
+        4,
+        match=r"allocate\(req=9, count=4\): too many ranges: max_ranges=1",
+    )
+    raises_unchanged(
+        st,
+        ValueError,
+        a.grow,
+        3,
+        1,
+        match=(
+            r"grow\(req=3, count=1\): "
+            r"too many ranges: max_ranges=1, the request holds 1"
+        ),
+    )
+    a.grow(1, 2)  # in place: no new range
+    assert a.ranges(1) == [(2, 4, 0)]
+
+
+def test_kv_allocator_release_errors():
+    a = T.KVAllocator(8)
+    a.allocate(1, 2)
+    st = lambda: al_state(a, [1])  # noqa: E731
+    raises_unchanged(
+        st,
+        KeyError,
+        a.release,
+        2,
+        match=r"KVAllocator.release\(req=2\): unknown request",
+    )
+    raises_unchanged(st, ValueError, a.release, -2)
+    raises_unchanged(st, TypeError, a.release, None)
+    a.release(1)
+    raises_unchanged(st, KeyError, a.release, 1)
+
+
+def test_kv_allocator_prefix_cache_share():
+    a = T.KVAllocator(32)
+    k = keys("p", 4)
+    a.allocate(1, 6)
+    a.cache(1, 0, k)
+    assert a.lookup(k) == 4
+    assert a.lookup(k[:2] + [b"miss"] + k[2:]) == 2
+    assert a.lookup([]) == 0
+    assert a.lookup(iter(k)) == 4
+    a.acquire_cached(2, k)  # n defaults to len(keys)
+    a.acquire_cached(3, k, 2)
+    a.acquire_cached(4, k, None)
+    assert a.ranges(2) == [(0, 4, 0)] and a.ranges(3) == [(0, 2, 0)]
+    a.grow(3, 2)
+    assert a.request_blocks(3) == 4
+    a.release(1)
+    a.release(2)
+    a.release(4)
+    st = a.stats()
+    assert st["cached_only"] == 2  # blocks 2, 3: cached, unreferenced
+    a.acquire_cached(5, [], 0)  # empty request, then grow
+    a.grow(5, 1)
+    assert a.request_blocks(5) == 1
+    assert a.validate()
+
+
+def test_kv_allocator_acquire_cached_errors_leave_state_unchanged():
+    a = T.KVAllocator(32, max_ranges=1)
+    k = keys("p", 4)
+    a.allocate(1, 4)
+    a.cache(1, 0, k)
+    a.allocate(2, 1)
+    st = lambda: al_state(a, [1, 2])  # noqa: E731
+    raises_unchanged(
+        st,
+        KeyError,
+        a.acquire_cached,
+        3,
+        [k[0], b"x"],
+        match=r"acquire_cached\(req=3, n=2\): cache miss: keys\[1\] is not cached",
+    )
+    raises_unchanged(
+        st, ValueError, a.acquire_cached, 3, [k[0], k[0]], match="duplicate cache key"
+    )
+    raises_unchanged(
+        st, ValueError, a.acquire_cached, 3, [k[1], k[0]], match="too many ranges"
+    )
+    raises_unchanged(
+        st, ValueError, a.acquire_cached, 2, k, match="already holds blocks: 1 blocks"
+    )
+    raises_unchanged(
+        st, ValueError, a.acquire_cached, 3, k, 5, match="n=5 but only 4 keys"
+    )
+    raises_unchanged(st, ValueError, a.acquire_cached, 3, k, -1, match="n must be >= 0")
+    raises_unchanged(
+        st,
+        TypeError,
+        a.acquire_cached,
+        3,
+        [k[0], "s"],
+        match=r"keys\[1\] must be bytes",
+    )
+    raises_unchanged(st, TypeError, a.acquire_cached, 3, 5, match="iterable")
+    raises_unchanged(st, TypeError, a.acquire_cached, 3)
+    a.acquire_cached(3, k, 3)
+    assert a.ranges(3) == [(0, 3, 0)]
+
+
+def test_kv_allocator_cache_errors_leave_state_unchanged():
+    a = T.KVAllocator(32)
+    a.allocate(1, 4)
+    a.cache(1, 0, keys("a", 2))
+    a.cache(1, 0, keys("a", 2))  # same keys again: a no-op
+    st = lambda: al_state(a, [1])  # noqa: E731
+    before = a.lookup(keys("a", 2) + keys("b", 4))
+    raises_unchanged(st, KeyError, a.cache, 2, 0, keys("b", 1), match="unknown request")
+    raises_unchanged(
+        st, ValueError, a.cache, 1, -1, keys("b", 1), match="first must be >= 0"
+    )
+    raises_unchanged(
+        st,
+        ValueError,
+        a.cache,
+        1,
+        3,
+        keys("b", 2),
+        match="block out of range: the request holds 4 blocks",
+    )
+    raises_unchanged(st, ValueError, a.cache, 1, 1, keys("b", 2), match="another key")
+    raises_unchanged(st, TypeError, a.cache, 1, 2, ["x"])
+    assert a.lookup(keys("a", 2) + keys("b", 4)) == before
+    a.cache(1, 2, keys("c", 2))
+    assert a.lookup(keys("a", 2) + keys("c", 2)) == 4
+
+
+def test_kv_allocator_evict_and_reset_cache():
+    a = T.KVAllocator(16)
+    a.allocate(1, 4)
+    a.cache(1, 0, keys("k", 4))
+    with pytest.raises(
+        ValueError, match=r"reset_cache\(\): cache blocks in use: 4 blocks in use"
+    ):
+        a.reset_cache()
+    a.release(1)
+    assert a.evict(1) == 1  # the tail first
+    assert a.lookup(keys("k", 4)) == 3
+    with pytest.raises(ValueError, match=r"evict\(n=-1\)"):
+        a.evict(-1)
+    assert a.evict(0) == 0
+    a.reset_cache()
+    assert a.lookup(keys("k", 4)) == 0
+    st = a.stats()
+    assert (st["free"], st["cached_only"], st["evictions"]) == (16, 0, 1)
+
+
+def test_kv_allocator_evict_for_contiguity():
+    a = T.KVAllocator(8)
+    a.allocate(1, 8)
+    a.cache(1, 0, keys("k", 8))
+    a.release(1)
+    a.allocate(2, 4)  # evicts cache-only blocks
+    assert a.stats()["evictions"] == 4
+    assert a.validate()
+
+
+def test_kv_allocator_read_methods_errors():
+    a = T.KVAllocator(8)
+    a.allocate(1, 3)
+    for fn in (a.ranges, a.ranges_bytes, a.blocks, a.request_blocks):
+        with pytest.raises(KeyError, match=r"\(req=2\): unknown request"):
+            fn(2)
+        with pytest.raises(ValueError):
+            fn(-1)
+        with pytest.raises(TypeError):
+            fn("1")
+    with pytest.raises(KeyError):
+        a.physical_block(2, 0)
+    with pytest.raises(
+        ValueError, match=r"physical_block\(req=1, logical=3\): block out of range"
+    ):
+        a.physical_block(1, 3)
+    with pytest.raises(ValueError):
+        a.physical_block(1, -1)
+    assert [a.physical_block(1, i) for i in range(3)] == [0, 1, 2]
+    a.acquire_cached(5, [], 0)
+    assert a.ranges(5) == [] and a.blocks(5) == [] and a.ranges_bytes(5) == b""
+
+
+def test_kv_allocator_stats_keys():
+    a = T.KVAllocator(8)
+    assert set(a.stats()) == {
+        "total",
+        "free",
+        "used",
+        "cached_only",
+        "largest_free_run",
+        "num_free_runs",
+        "num_requests",
+        "ranges_total",
+        "max_ranges_per_request",
+        "fallback_allocations",
+        "evictions",
+    }
+    assert a.stats()["total"] == 8
+
+
+def test_kv_allocator_contains():
+    a = T.KVAllocator(8)
+    a.allocate(2**64 - 1, 1)
+    assert 2**64 - 1 in a
+    assert 2**64 not in a and -1 not in a and 0 not in a
+    with pytest.raises(TypeError):
+        "x" in a  # noqa: B015
+
+
+# -------------------------------------------------------------- KVCoordMap
+
+
+def test_kv_coord_map_offset_and_inverse():
+    m = T.KVCoordMap(2, 8, 16, 128)
+    assert (m.num_layers, m.num_blocks, m.tokens_per_block, m.bytes_per_token) == (
+        2,
+        8,
+        16,
+        128,
+    )
+    assert m.total_bytes == 2 * 8 * 16 * 128
+    off = m.offset(1, 2, 3)
+    assert off == ((1 * 8 + 2) * 16 + 3) * 128
+    assert m.coord(off + 5) == (1, 2, 3, 5)
+    assert m.coord(np.uint64(0)) == (0, 0, 0, 0)
+    assert repr(m) == (
+        "KVCoordMap(num_layers=2, num_blocks=8, tokens_per_block=16, "
+        "bytes_per_token=128)"
+    )
+
+
+def test_kv_coord_map_errors():
+    with pytest.raises(ValueError, match="num_layers must be >= 1"):
+        T.KVCoordMap(0, 8, 16, 128)
+    with pytest.raises(ValueError, match="invalid layout"):
+        T.KVCoordMap(2**40, 2**40, 2**20, 2)
+    m = T.KVCoordMap(2, 8, 16, 128)
+    with pytest.raises(
+        ValueError, match=r"offset\(layer=2, block=0, token=0\): layer out of range"
+    ):
+        m.offset(2, 0, 0)
+    with pytest.raises(ValueError, match="block out of range"):
+        m.offset(0, 8, 0)
+    with pytest.raises(ValueError, match="token out of range"):
+        m.offset(0, 0, 16)
+    with pytest.raises(ValueError, match="negative"):
+        m.offset(-1, 0, 0)
+    with pytest.raises(ValueError, match="offset out of range"):
+        m.coord(m.total_bytes)
+    with pytest.raises(ValueError, match="offset out of range"):
+        m.coord(-1)
+    with pytest.raises(TypeError):
+        m.coord(1.5)
+    with pytest.raises(TypeError):
+        m.offset(0, 0)
+    assert m.offset(1, 7, 15) == m.total_bytes - 128
+
+
+# ------------------------------------------------------------- leak check
+
+N = 100_000
+
+
+def _rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _loop(a, f, ids, k, miss):
+    for i in range(N):
+        a.allocate(i, 3)
+        a.grow(i, 1)
+        a.release(i)
+        r = f.take(1)
+        f.add([r[0][0]])
+        f.add(ids)
+        f.remove(ids)
+        a.lookup(k)
+        with suppress(MemoryError):
+            a.allocate(i, 10**6)
+        with suppress(KeyError):
+            a.release(10**9)
+        with suppress(ValueError):
+            f.add([0])  # already free
+        with suppress(KeyError):
+            a.acquire_cached(i, miss)  # cache miss
+
+
+def test_leak_no_growth_over_1e5_calls():
+    a = T.KVAllocator(4096)
+    a.allocate(10**8, 2)
+    k = keys("k", 2)
+    a.cache(10**8, 0, k)
+    miss = [b"nope"]
+    f = T.FreeRuns(4096)
+    f.add_range(0, 4000)
+    ids = np.arange(4000, 4010, dtype=np.uint32)
+    objs = {
+        "a": a,
+        "f": f,
+        "ids": ids,
+        "k": k,
+        "k0": k[0],
+        "miss": miss,
+        "miss0": miss[0],
+    }
+
+    _loop(a, f, ids, k, miss)  # warm-up: caches, free lists, interned ints
+    gc.collect()
+    refs = {n: sys.getrefcount(o) for n, o in objs.items()}
+    rss0 = _rss_kib()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    mem0 = tracemalloc.get_traced_memory()[0]
+    _loop(a, f, ids, k, miss)
+    gc.collect()
+    mem1 = tracemalloc.get_traced_memory()[0]
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    rss1 = _rss_kib()
+
+    grown = mem1 - mem0
+    top = snap1.compare_to(snap0, "lineno")[:3]
+    print(
+        f"leak check: {N} iterations x 12 calls; traced Python memory "
+        f"{grown:+d} B, RSS {rss1 - rss0:+d} KiB, refcounts "
+        f"{ {n: sys.getrefcount(o) - refs[n] for n, o in objs.items()} }"
+    )
+    assert {n: sys.getrefcount(o) for n, o in objs.items()} == refs
+    # tracemalloc's own bookkeeping is a few KiB; a leak of one object per
+    # call would be >= 1.6 MB here.
+    assert grown < 64 * 1024, top
+    if "asan" not in os.environ.get("LD_PRELOAD", ""):  # ASan's quarantine
+        assert rss1 - rss0 < 2048
+    assert a.validate() and f.validate()
+    assert a.num_requests == 1
+
+
+def test_leak_returned_objects_have_one_reference():
+    a = T.KVAllocator(64)
+    a.allocate(1, 5)
+    f = T.FreeRuns(64)
+    f.add_range(0, 64)
+    m = T.KVCoordMap(1, 2, 3, 4)
+
+    def refs(fn, *args):
+        obj = fn(*args)
+        return sys.getrefcount(obj)  # 2: the name + the argument
+
+    for fn, args in (
+        (a.ranges, (1,)),
+        (a.blocks, (1,)),
+        (a.stats, ()),
+        (f.take, (3,)),
+        (f.runs, ()),
+        (a.ranges_bytes, (1,)),
+        (m.coord, (5,)),
+        (repr, (a,)),
+    ):
+        assert refs(fn, *args) == 2, fn
+    # Computed outside `assert`: pytest's rewriting holds temporaries.
+    r = a.ranges(1)
+    n_item = sys.getrefcount(r[0])  # the list + the argument
+    t = f.take(2)
+    n_take = sys.getrefcount(t[0])
+    e = None
+    try:
+        a.release(99)
+    except KeyError as exc:
+        e = exc
+    n_exc = sys.getrefcount(e)
+    assert (n_item, n_take, n_exc) == (2, 2, 2)
