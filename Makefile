@@ -67,8 +67,9 @@ lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 test-tooling: $(TOOLS) ## pytest the fork tooling (apply, export, drift, rebase)
 	$(PY) -m pytest -q tests/tooling
 
-test-conformance: ## vLLM's tests/v1/core from the patched tree (needs build-fork)
-	$(PY) tests/conformance/run.py
+test-conformance: ## vLLM's tests/v1/core + the stack's tests, under paged and tagma (needs build-fork)
+	$(PY) tests/conformance/run.py --backend paged
+	$(PY) tests/conformance/run.py --backend tagma
 
 test-engine: $(TOOLS) ## engine tests under ASan+UBSan (TAGMA_RANDOM_OPS=N, default 10^6)
 	$(CMAKE) -S csrc/tagma -B $(BUILD)/tagma-asan -DTAGMA_SANITIZE=ON \

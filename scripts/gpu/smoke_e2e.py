@@ -34,7 +34,10 @@ def prompts() -> list[list[int]]:
     return out
 
 
-def generate(model: str, backend: str, path: str) -> None:
+def generate(model: str, variant: str, path: str) -> None:
+    backend, _, expand = variant.partition(":")
+    if expand:
+        os.environ["VLLM_TAGMA_EXPAND_RANGES"] = expand
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -54,7 +57,7 @@ def generate(model: str, backend: str, path: str) -> None:
     first = llm.generate(batch, params, use_tqdm=False)
     second = llm.generate(batch, params, use_tqdm=False)
     result = {
-        "backend": backend,
+        "variant": variant,
         "engine_init_s": round(init_s, 1),
         "first": [list(o.outputs[0].token_ids) for o in first],
         "second": [list(o.outputs[0].token_ids) for o in second],
@@ -67,36 +70,37 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--backend", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["tagma"],
+        help="tagma variants to compare with paged: tagma[:EXPAND_MODE]",
+    )
+    ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    if a.backend:
-        generate(a.model, a.backend, os.path.join(a.out, f"smoke-{a.backend}.json"))
+    if a.one:
+        generate(a.model, a.one, os.path.join(a.out, f"smoke-{a.one}.json"))
         return 0
     results = {}
-    for backend in ("paged", "tagma"):
-        print(f"==> {backend}", flush=True)
-        subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--model",
-                a.model,
-                "--out",
-                a.out,
-                "--backend",
-                backend,
-            ],
-            check=True,
-        )
-        with open(os.path.join(a.out, f"smoke-{backend}.json")) as f:
-            results[backend] = json.load(f)
-    paged, tagma = results["paged"], results["tagma"]
+    for variant in ("paged", *a.variants):
+        print(f"==> {variant}", flush=True)
+        cmd = [sys.executable, __file__, "--model", a.model, "--out", a.out]
+        subprocess.run([*cmd, "--one", variant], check=True)
+        with open(os.path.join(a.out, f"smoke-{variant}.json")) as f:
+            results[variant] = json.load(f)
+    status = 0
+    for variant in a.variants:
+        status |= compare(results["paged"], results[variant], variant)
+    return status
+
+
+def compare(paged: dict, tagma: dict, variant: str) -> int:
     same = paged["first"] == tagma["first"] and paged["second"] == tagma["second"]
     same_cache = paged["first"] == paged["second"]
     n = len(paged["first"])
     print(
-        f"prompts: {n}; token ids equal paged vs tagma: {same}; "
+        f"{variant}: prompts: {n}; token ids equal paged vs tagma: {same}; "
         f"equal with prefix-cache hits (second pass): "
         f"{paged['second'] == tagma['second']}; paged first==second: {same_cache}"
     )
