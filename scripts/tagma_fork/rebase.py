@@ -164,12 +164,37 @@ def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin) -> int:
             path.unlink()
     for path in staged.iterdir():
         shutil.copy2(path, layout.patches / path.name)
+    old = upstream.read_pin(layout.root)
     upstream.write_pin(layout.root, pin)
     _state_path(layout).unlink(missing_ok=True)
+    report = _range_diff(layout, git, old, pin, old_dir)
     print(
         f"\nrebased onto vllm {pin.version}: patches/ and upstream/vllm.toml "
         f"written.\n  the old stack is kept in {old_dir}\n"
-        f"  compare: git -C {layout.rebase} range-diff "
-        f"upstream/v<old>..<old-head> {base}..HEAD"
+        f"  range-diff of the two stacks: {report}"
     )
     return 0
+
+
+def _range_diff(
+    layout: trees.Layout, git: Git, old: upstream.Pin, new: upstream.Pin, old_dir: Path
+) -> Path:
+    """`git range-diff` of the old stack (on its base) against the new one."""
+    report = layout.build / f"range-diff-{old.version}-{new.version}.txt"
+    old_tree = layout.build / "rebase-old-tree"
+    base = trees.ensure_base(layout, old)
+    old_git = trees.new_tree(layout, old_tree, base, None)
+    stack.import_patches(old_git, old_dir, stack.read_series(old_dir))
+    old_head = old_git.out("rev-parse", "HEAD")
+    trees.remove_tree(layout, old_tree)
+    text = git.out(
+        "range-diff",
+        "--no-color",
+        f"{base}..{old_head}",
+        f"{trees.base_ref(new.version)}..HEAD",
+    )
+    report.write_text(text + "\n")
+    for line in text.splitlines():
+        if line[:1].isdigit() or line.startswith("-:"):
+            print(f"    {line}")
+    return report

@@ -62,6 +62,10 @@ def test_rebase_three_way_succeeds_and_moves_the_pin(two_patches: Project) -> No
     new = (two_patches.patches / "cache-field.patch").read_text()
     assert " line eight\n" in new  # context now comes from the new release
     assert rebase.load_state(two_patches.layout) is None
+    report = two_patches.layout.build / "range-diff-9.0.0-9.1.0.txt"
+    lines = report.read_text().splitlines()
+    assert lines[0].startswith("1:") and "config: tag line 10" in lines[0]
+    assert any(line.startswith("2:") and "= 2:" in line for line in lines)
 
 
 def test_rebase_conflict_stops_then_abort_loses_nothing(
