@@ -214,9 +214,8 @@ def main() -> int:
         f"in {wall:.0f} s -> {out / (args.backend + '.json')}"
     )
     if "rejected_as_expected" in counts:
-        print(
-            f"  + {counts['rejected_as_expected']} failed with tagma's clear error, as expected"
-        )
+        n = counts["rejected_as_expected"]
+        print(f"  + {n} failed with tagma's clear error, as expected")
     for p in problems:
         print(f"  UNEXPECTED: {p}")
     ok = counts["failed"] == 0 and counts["errors"] == 0 and not problems
