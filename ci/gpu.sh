@@ -10,6 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/results/gpu}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 steps=${*:-tests bench smoke}
 status=0
 
@@ -25,13 +26,13 @@ for step in $steps; do
   case $step in
     tests)
       # Test model names resolve to the config-only folders, as in CI.
-      redirect=$PWD/$OUT/model-redirect.json
+      redirect=$OUT/model-redirect.json
       python3 -c "import json, pathlib, sys; d = pathlib.Path('tests/conformance/models');
 json.dump({p.name.replace('--', '/'): str(p.resolve()) for p in d.iterdir()
            if (p / 'config.json').exists()}, open(sys.argv[1], 'w'))" "$redirect"
       (cd .gpu && HF_HUB_OFFLINE=1 VLLM_MODEL_REDIRECT_PATH=$redirect \
         python3 -m pytest -q -p no:cacheprovider -rs \
-        --junitxml="$OLDPWD/$OUT/gpu-tests.xml" tests) || status=1 ;;
+        --junitxml="$OUT/gpu-tests.xml" tests) || status=1 ;;
     bench)
       python3 scripts/bench/write_path.py --out "$OUT" || status=1 ;;
     smoke)
