@@ -15,7 +15,7 @@ BENCH_RUNS ?= 5
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling \
-        test-conformance test-engine bench-host bench-sched format-check
+        test-conformance test-engine test-bindings bench-host bench-sched format-check
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -88,8 +88,12 @@ bench-host: $(TOOLS) ## engine host benchmark: BENCH_RUNS runs, JSON + plots in 
 bench-sched: build-fork ## scheduler-thread benchmark, paged vs tagma (CPU, no model)
 	cd $(BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/sched.py) $(BENCH_ARGS)
 
+test-bindings: ## _tagma_C: its pytest suite (-X dev, leak checks) and abi3audit (needs build-fork)
+	TAGMA_EXT_DIR=$(BUILD)/tagma-ext $(PY) -X dev -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
+	$(VENV)/bin/abi3audit --assume-minimum-abi3 3.11 -S -s $(BUILD)/tagma-ext/_tagma_C.abi3.so
+
 format-check: ## clang-format over the engine (vLLM's style)
 	clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')
 
 test: build-fork ## the README's test command: everything CI runs
-	$(MAKE) check lint format-check test-tooling test-engine test-conformance
+	$(MAKE) check lint format-check test-tooling test-engine test-bindings test-conformance
