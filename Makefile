@@ -14,7 +14,7 @@ TAGMA_RANDOM_OPS ?= 1000000
 BENCH_RUNS ?= 5
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
-        rebase-continue rebase-abort pr-branch test test-tooling \
+        rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
         test-conformance test-engine test-bindings bench-host bench-sched format-check
 
 help: ## list the targets
@@ -64,6 +64,15 @@ lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 	$(PY) -m ruff format --check scripts tests
 	$(PY) -m mypy scripts/tagma_fork
 
+STACK_MODULES := vllm/config/kv_cache_backend.py vllm/v1/core/tagma_kv_cache_manager.py \
+                 vllm/v1/worker/gpu/tagma_block_table.py vllm/tagma/__init__.py
+
+lint-stack: ## ruff + mypy over the stack's new vLLM modules (in build/tree)
+	cd $(BUILD)/tree && $(abspath $(PY)) -m ruff check $(STACK_MODULES) && \
+	  $(abspath $(PY)) -m ruff format --check $(STACK_MODULES) && \
+	  $(abspath $(PY)) -m mypy --follow-imports=silent --ignore-missing-imports \
+	    --python-version 3.11 $(STACK_MODULES)
+
 test-tooling: $(TOOLS) ## pytest the fork tooling (apply, export, drift, rebase)
 	$(PY) -m pytest -q tests/tooling
 
@@ -102,4 +111,5 @@ format-check: ## clang-format over the engine (vLLM's style)
 	clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')
 
 test: build-fork ## the README's test command: everything CI runs
-	$(MAKE) check lint format-check test-tooling test-engine test-bindings test-conformance
+	$(MAKE) check lint lint-stack format-check test-tooling test-engine test-bindings \
+	  test-conformance
