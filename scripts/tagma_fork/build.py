@@ -25,8 +25,9 @@ from pathlib import Path
 from . import trees, upstream
 
 # The CPU torch that this machine kind keeps on disk; vLLM 0.25.1 pins
-# 2.11.0 (CUDA), whose CPU tests run the same on 2.13.0.
-CPU_TORCH = "torch==2.13.0"
+# 2.11.0 (CUDA), whose CPU tests run the same on 2.13.0. Another pin may
+# need another (TAGMA_CPU_TORCH="torch==2.14.1" for 0.33.0).
+CPU_TORCH = os.environ.get("TAGMA_CPU_TORCH", "torch==2.13.0")
 # Never constrain these from upstream's lock: a different torch family build
 # would pull a CUDA torch (several GB).
 TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
