@@ -60,8 +60,8 @@ pr-branch: $(TOOLS) ## build/pr: upstream + one signed-off commit per patch + en
 	$(FORK) pr-branch
 
 lint: $(TOOLS) ## ruff + mypy over the tooling and tests
-	$(PY) -m ruff check scripts tests
-	$(PY) -m ruff format --check scripts tests
+	$(PY) -m ruff check scripts tests csrc/tagma
+	$(PY) -m ruff format --check scripts tests csrc/tagma
 	$(PY) -m mypy scripts/tagma_fork
 
 STACK_MODULES := vllm/config/kv_cache_backend.py vllm/v1/core/tagma_kv_cache_manager.py \

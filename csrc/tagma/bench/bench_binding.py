@@ -44,6 +44,8 @@ import subprocess
 import sys
 import time
 
+from plot_bench import quantile  # same folder: one percentile definition
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 NUM_BLOCKS = 65536
 
@@ -55,14 +57,6 @@ def load_tagma():
         ext = os.environ.get("TAGMA_EXT_DIR", str(ROOT / "build/tagma-ext"))
         sys.path.insert(0, ext)
         return importlib.import_module("_tagma_C")
-
-
-def quantile(xs, q):
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    i = int(pos)
-    f = pos - i
-    return xs[i] * (1 - f) + xs[i + 1] * f if i + 1 < len(xs) else xs[i]
 
 
 def metric(samples, unit="ns/call"):

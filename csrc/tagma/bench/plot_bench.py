@@ -29,8 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-TIMED_UNITS = ("ns/op", "ns/step", "ns/token", "ns/cycle", "ns/evict",
-               "ns/position")
+TIMED_UNITS = ("ns/op", "ns/step", "ns/token", "ns/cycle", "ns/evict", "ns/position")
 
 
 def load(paths):
@@ -38,11 +37,9 @@ def load(paths):
     merged = {}
     for run in runs:
         for name, m in run["metrics"].items():
-            e = merged.setdefault(name, {
-                "unit": m["unit"],
-                "medians": [],
-                "samples": []
-            })
+            e = merged.setdefault(
+                name, {"unit": m["unit"], "medians": [], "samples": []}
+            )
             e["medians"].append(m["median"])
             e["samples"].extend(m["samples"])
     return runs, merged
@@ -76,13 +73,23 @@ def plot_per_op(rows, ref, out):
     hi = [rows[n]["p90"] - rows[n]["median"] for n in names]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.5))
     y = range(len(names))
-    ax.barh(y, med, xerr=[lo, hi], capsize=3, color="#4c72b0",
-            label="this machine: median over runs, p10..p90")
+    ax.barh(
+        y,
+        med,
+        xerr=[lo, hi],
+        capsize=3,
+        color="#4c72b0",
+        label="this machine: median over runs, p10..p90",
+    )
     refx = [ref.get(n, {}).get("mean") for n in names]
-    ax.scatter([x for x in refx if x is not None],
-               [i for i, x in zip(y, refx) if x is not None],
-               marker="x", color="#c44e52", zorder=3,
-               label="seed report (different machine)")
+    ax.scatter(
+        [x for x in refx if x is not None],
+        [i for i, x in zip(y, refx, strict=True) if x is not None],
+        marker="x",
+        color="#c44e52",
+        zorder=3,
+        label="seed report (different machine)",
+    )
     ax.set_yticks(list(y))
     ax.set_yticklabels([f"{n} [{rows[n]['unit']}]" for n in names])
     ax.invert_yaxis()
@@ -96,20 +103,32 @@ def plot_per_op(rows, ref, out):
 
 
 def plot_loads(rows, out):
-    cases = [("prefill 4k", "slots/prefill 4k loads"),
-             ("decode 512", "slots/decode 512 loads")]
+    cases = [
+        ("prefill 4k", "slots/prefill 4k loads"),
+        ("decode 512", "slots/decode 512 loads"),
+    ]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     w = 0.38
-    for i, (label, key) in enumerate(cases):
-        for j, (kind, color) in enumerate((("paged", "#4c72b0"),
-                                           ("tagma", "#55a868"))):
+    for i, (_label, key) in enumerate(cases):
+        for j, (kind, color) in enumerate((("paged", "#4c72b0"), ("tagma", "#55a868"))):
             r = rows.get(f"{key} {kind}")
             if r is None:
                 continue
-            ax.bar(i + (j - 0.5) * w, r["median"], w, color=color,
-                   label=kind if i == 0 else None)
-            ax.text(i + (j - 0.5) * w, r["median"], f"{r['median']:.3g}",
-                    ha="center", va="bottom", fontsize=8)
+            ax.bar(
+                i + (j - 0.5) * w,
+                r["median"],
+                w,
+                color=color,
+                label=kind if i == 0 else None,
+            )
+            ax.text(
+                i + (j - 0.5) * w,
+                r["median"],
+                f"{r['median']:.3g}",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels([c[0] for c in cases])
     ax.set_ylabel("table / descriptor loads per position")
@@ -128,10 +147,11 @@ def plot_frag(rows, out):
     if not regimes:
         return
     stats = ("mean", "p99", "max")
-    fig, axes = plt.subplots(1, len(regimes), figsize=(6 * len(regimes), 3.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(regimes), figsize=(6 * len(regimes), 3.8), squeeze=False
+    )
     w = 0.8 / len(policies)
-    for ax, regime in zip(axes[0], regimes):
+    for ax, regime in zip(axes[0], regimes, strict=False):
         for j, p in enumerate(policies):
             vals, lo, hi = [], [], []
             for s in stats:
@@ -147,8 +167,9 @@ def plot_frag(rows, out):
         ax.set_yscale("log")
         ax.set_title(f"{regime}: mean occupancy {occ:.1%}")
         ax.legend(fontsize=7)
-    fig.suptitle("Fragmentation trace, by fit policy (median over seeds and "
-                 "runs, p10..p90)")
+    fig.suptitle(
+        "Fragmentation trace, by fit policy (median over seeds and runs, p10..p90)"
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -166,13 +187,17 @@ def main(argv):
     plot_per_op(rows, ref, out_dir / f"{bench}-per-op.png")
     plot_loads(rows, out_dir / f"{bench}-loads-per-position.png")
     plot_frag(rows, out_dir / f"{bench}-fragmentation.png")
-    print(f"| metric | unit | median ({len(runs)} runs) | p10 | p90 "
-          "| seed ref. (other machine) |")
+    print(
+        f"| metric | unit | median ({len(runs)} runs) | p10 | p90 "
+        "| seed ref. (other machine) |"
+    )
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
         refv = ref.get(name, {}).get("mean")
-        print(f"| {name} | {r['unit']} | {r['median']:.4g} | {r['p10']:.4g} "
-              f"| {r['p90']:.4g} | {'' if refv is None else refv} |")
+        print(
+            f"| {name} | {r['unit']} | {r['median']:.4g} | {r['p10']:.4g} "
+            f"| {r['p90']:.4g} | {'' if refv is None else refv} |"
+        )
     print(f"plots in {out_dir}")
     return 0
 
