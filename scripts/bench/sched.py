@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import json
 import os
 import random
 import statistics
@@ -223,7 +224,19 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2, help="ABBA blocks")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw from --out's JSON"
+    )
     args = parser.parse_args()
+    if args.replot:
+        out = Path(args.out)
+        rows = [
+            (p.stem.removeprefix("sched-"), json.loads(p.read_text())["metrics"])
+            for p in sorted(out.glob("sched-n=*.json"), key=_case_order)
+        ]
+        print_table(rows)
+        plot(out, rows)
+        return 0
     if args.quick:
         args.n, args.steps, args.warmup, args.repeats = [64], 30, 10, 1
     out = Path(args.out)
@@ -293,6 +306,11 @@ def main() -> int:
     return 0
 
 
+def _case_order(path: Path) -> tuple:
+    params = json.loads(path.read_text())["params"]
+    return (params["n"], params["workload"], params["prefix"])
+
+
 def print_table(rows) -> None:
     print(
         "\n| case | paged step us | tagma step us | step ratio | paged KV us | "
@@ -328,7 +346,10 @@ def plot(out: Path, rows) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     labels = [
-        k.replace("-workload=", "\n").replace("-prefix=", " prefix ") for k, _ in rows
+        k.replace("-workload=", " ")
+        .replace("-prefix=on", " +prefix")
+        .replace("-prefix=off", "")
+        for k, _ in rows
     ]
     x = range(len(rows))
     for ax, name, title in (
@@ -340,7 +361,7 @@ def plot(out: Path, rows) -> None:
             lo = [med[i] - m[f"{b}/{name}"]["p10"] for i, (_, m) in enumerate(rows)]
             hi = [m[f"{b}/{name}"]["p90"] - med[i] for i, (_, m) in enumerate(rows)]
             ax.bar([i + off for i in x], med, 0.4, yerr=[lo, hi], capsize=3, label=b)
-        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set_xticks(list(x), labels, fontsize=7, rotation=45, ha="right")
         ax.set_ylabel("us per step (median, p10-p90 over runs)")
         ax.set_yscale("log")
         ax.set_title(title)
