@@ -15,7 +15,8 @@ BENCH_RUNS ?= 5
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
-        test-conformance test-engine test-bindings bench-host bench-sched format-check
+        test-conformance test-engine test-bindings bench-host bench-sched format-check \
+        bundle bench-gpu
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -96,6 +97,14 @@ bench-host: $(TOOLS) ## engine host benchmark: BENCH_RUNS runs, JSON + plots in 
 
 bench-sched: build-fork ## scheduler-thread benchmark, paged vs tagma (CPU, no model)
 	cd $(BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/sched.py) $(BENCH_ARGS)
+
+bundle: build-fork ## offline GPU benchmark bundle in build/bundle (pinned runtime + fork overlay + data)
+	$(PY) scripts/gpu/bundle.py build --out $(BUILD)/bundle
+
+BENCH_GPU_ARGS ?=
+BENCH_GPU_OUT ?= $(BUILD)/results/bench-gpu
+bench-gpu: ## on the GPU host: paged vs tagma serve benchmark, ABBA (needs build/bundle; BENCH_GPU_ARGS)
+	python3 scripts/gpu/bench_serve.py --bundle $(BUILD)/bundle --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
 
 # abi3audit in a venv of its own: its attrs is newer than vLLM's test lock allows.
 ABI3AUDIT := $(BUILD)/abi3audit/bin/abi3audit

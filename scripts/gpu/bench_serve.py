@@ -1,0 +1,497 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""`make bench-gpu`: paged against tagma under `vllm serve`, ABBA, on a GPU host.
+
+    python3 scripts/gpu/bench_serve.py --bundle build/bundle --out DIR
+        [--suites 8b-16k,8b-128k,1b-host,8b-tp2] [--gpus 0,1] [--order ABBA]
+
+For each suite the backends run in ABBA order (paged, tagma, tagma, paged):
+each run starts `vllm serve --kv-cache-backend X` on a dummy-weight model,
+waits for it (watching its pid), runs the correctness gate (greedy token ids
+of a fixed prompt set, which must equal the first run's), then each workload
+through `vllm bench serve` while /metrics is sampled (peak KV usage,
+preemptions), and, in the first A and first B run, a torch.profiler window of
+decode steps. Everything but the backend is the same: model, seed, requests,
+flags, GPU. With several GPUs, suites that fit run side by side, one GPU each.
+
+Per run: server.log, <workload>.json (vllm bench serve's result + what this
+script measured), gate.json, profile.json, sched-*.tsv (scheduler-thread
+timing, scripts/gpu/hook). Then report.py writes report.md and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bundle as bundle_mod  # noqa: E402
+import profile_trace  # noqa: E402
+
+VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+BACKENDS = {"A": "paged", "B": "tagma"}
+
+
+@dataclass
+class Workload:
+    name: str
+    args: list[str]
+    warmups: int = 8
+
+
+@dataclass
+class Suite:
+    name: str
+    model: str
+    max_model_len: int
+    workloads: list[Workload]
+    profile: Workload | None = None
+    gpus: int = 1
+    server_args: list[str] = field(default_factory=list)
+    gate_lens: tuple[int, ...] = (8, 64, 512, 2048)
+
+
+def _random(n_in: int, n_out: int, prompts: int, *extra: str) -> list[str]:
+    return ["--dataset-name", "random", "--random-input-len", str(n_in),
+            "--random-output-len", str(n_out), "--random-range-ratio", "0",
+            "--num-prompts", str(prompts), *extra]  # fmt: skip
+
+
+def _sharegpt(prompts: int) -> list[str]:
+    return ["--dataset-name", "sharegpt", "--dataset-path", "{data}/sharegpt.json",
+            "--num-prompts", str(prompts)]  # fmt: skip
+
+
+PREFIX = ["--dataset-name", "prefix_repetition",
+          "--prefix-repetition-prefix-len", "4096", "--prefix-repetition-suffix-len", "512",
+          "--prefix-repetition-num-prefixes", "8", "--prefix-repetition-output-len", "256",
+          "--num-prompts", "256"]  # fmt: skip
+
+SUITES = {
+    s.name: s
+    for s in [
+        Suite(
+            "8b-16k", "llama-3.1-8b", 16384,
+            [Workload("sharegpt", _sharegpt(600)),
+             Workload("long-15k", _random(15000, 256, 32), warmups=1),
+             Workload("prefix", PREFIX)],
+            profile=Workload("profile-15k", _random(15000, 256, 16), warmups=0),
+            gate_lens=(8, 64, 512, 2048, 8192, 15000),
+        ),
+        Suite(
+            "8b-128k", "llama-3.1-8b", 131072,
+            [Workload("sharegpt", _sharegpt(400)),
+             Workload("long-120k", _random(120000, 256, 3), warmups=0)],
+            profile=Workload("profile-120k", _random(120000, 256, 1), warmups=0),
+            gate_lens=(8, 64, 512, 2048, 8192, 32768),
+        ),
+        Suite(
+            "1b-host", "llama-3.2-1b", 4096,
+            [Workload("host-512", _random(128, 512, 1024, "--max-concurrency", "512")),
+             Workload("host-1024", _random(128, 512, 2048, "--max-concurrency", "1024"))],
+            profile=Workload("profile-host", _random(128, 512, 512), warmups=0),
+            server_args=["--max-num-seqs", "1024"],
+        ),
+        Suite(
+            "8b-tp2", "llama-3.1-8b", 16384,
+            [Workload("sharegpt", _sharegpt(600))],
+            gpus=2, server_args=["--tensor-parallel-size", "2"],
+        ),
+    ]
+}  # fmt: skip
+
+# Decode steps the profiler skips (prefill of the profile workload) and keeps.
+PROFILE_DELAY, PROFILE_STEPS = 48, 32
+
+
+class BenchError(RuntimeError):
+    """A stop with a message for the user (exit code 1)."""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    return proc.poll() is None
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _tail(path: Path, n: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+class Server:
+    def __init__(self, suite: Suite, backend: str, env: dict[str, str], port: int,
+                 model_dir: Path, run_dir: Path) -> None:  # fmt: skip
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = run_dir / "server.log"
+        trace_dir = run_dir / "trace"
+        profiler = {
+            "profiler": "torch", "torch_profiler_dir": str(trace_dir),
+            "torch_profiler_with_stack": False, "ignore_frontend": True,
+            "delay_iterations": PROFILE_DELAY, "max_iterations": PROFILE_STEPS,
+        }  # fmt: skip
+        cmd = [*VLLM, "serve", str(model_dir), "--load-format", "dummy",
+               "--max-model-len", str(suite.max_model_len), "--port", str(port),
+               "--seed", "0", "--kv-cache-backend", backend,
+               "--profiler-config", json.dumps(profiler), *suite.server_args]  # fmt: skip
+        (run_dir / "server.cmd").write_text(" ".join(cmd) + "\n")
+        self.out = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.started = time.monotonic()
+
+    def wait_ready(self, timeout: float) -> float:
+        while time.monotonic() - self.started < timeout:
+            if not _alive(self.proc):
+                raise BenchError(
+                    f"server exited with code {self.proc.returncode} while starting; "
+                    f"{self.log}:\n{_tail(self.log)}"
+                )
+            try:
+                _get(self.url + "/health", timeout=2)
+                return time.monotonic() - self.started
+            except OSError:
+                time.sleep(1)
+        raise BenchError(f"server not ready after {timeout:.0f} s; {self.log}:\n{_tail(self.log)}")
+
+    def check_alive(self, what: str) -> None:
+        if not _alive(self.proc):
+            raise BenchError(
+                f"server died during {what} (exit code {self.proc.returncode}); "
+                f"{self.log}:\n{_tail(self.log)}"
+            )
+
+    def stop(self) -> None:
+        if _alive(self.proc):
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.out.close()
+
+
+def capacity(log_path: Path) -> dict:
+    text = log_path.read_text(errors="replace")
+    out: dict = {}
+    if m := re.search(r"GPU KV cache size: ([\d,]+) tokens", text):
+        out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+    if m := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text):
+        out["max_concurrency"] = float(m.group(2))
+    if m := re.search(r"num_gpu_blocks[ =:]+(\d+)", text):
+        out["num_gpu_blocks"] = int(m.group(1))
+    return out
+
+
+class MetricsSampler(threading.Thread):
+    """Polls /metrics: peak KV-cache usage and the preemption counter."""
+
+    def __init__(self, url: str, period: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.url, self.period = url + "/metrics", period
+        self.stop_event = threading.Event()
+        self.peak_usage = 0.0
+        self.samples = 0
+        self.preemptions_start = self.preemptions_end = None
+
+    @staticmethod
+    def _read(text: str, name: str) -> float | None:
+        vals = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        ]
+        return sum(vals) if vals else None
+
+    def poll(self) -> str:
+        try:
+            text = _get(self.url).decode()
+        except OSError:
+            return ""
+        if (u := self._read(text, "vllm:kv_cache_usage_perc")) is not None:
+            self.peak_usage = max(self.peak_usage, u)
+            self.samples += 1
+        return text
+
+    def run(self) -> None:
+        self.preemptions_start = self._read(self.poll(), "vllm:num_preemptions_total")
+        while not self.stop_event.wait(self.period):
+            self.poll()
+
+    def finish(self) -> dict:
+        self.stop_event.set()
+        self.join()
+        self.preemptions_end = self._read(self.poll(), "vllm:num_preemptions_total")
+        pre = None
+        if self.preemptions_start is not None and self.preemptions_end is not None:
+            pre = self.preemptions_end - self.preemptions_start
+        return {"peak_kv_usage": self.peak_usage, "metric_samples": self.samples,
+                "preemptions": pre}  # fmt: skip
+
+
+def gate_prompts(lens: tuple[int, ...], seed: int = 1234) -> list[list[int]]:
+    """Fixed token-id prompts (a linear congruential stream: no numpy needed)."""
+    x, out = seed, []
+    for n in lens:
+        ids = []
+        for _ in range(n):
+            x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
+            ids.append(1000 + (x >> 33) % 120000)
+        out.append(ids)
+    return out
+
+
+def run_gate(server: Server, model_dir: Path, suite: Suite) -> list[list[int]]:
+    body = {
+        "model": str(model_dir), "prompt": gate_prompts(suite.gate_lens),
+        "max_tokens": 32, "temperature": 0.0, "seed": 0, "ignore_eos": True,
+        "return_token_ids": True,
+    }  # fmt: skip
+    resp = _post(server.url + "/v1/completions", body)
+    choices = sorted(resp["choices"], key=lambda c: c["index"])
+    ids = [c.get("token_ids") for c in choices]
+    if any(not t for t in ids):
+        raise BenchError("the server returned no token_ids for the correctness gate")
+    return ids
+
+
+def run_bench(wl: Workload, suite: Suite, server: Server, env: dict[str, str],
+              model_dir: Path, data: Path, run_dir: Path, profile: bool) -> dict:  # fmt: skip
+    port = server.url.rsplit(":", 1)[1]
+    args = [a.replace("{data}", str(data)) for a in wl.args]
+    cmd = [*VLLM, "bench", "serve", "--backend", "vllm", "--model", str(model_dir),
+           "--port", port, "--seed", "0", "--ignore-eos", "--request-rate", "inf",
+           "--num-warmups", str(wl.warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
+           "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(run_dir),
+           "--result-filename", f"{wl.name}.bench.json", "--disable-tqdm", *args]  # fmt: skip
+    if profile:
+        cmd.append("--profile")
+    sampler = MetricsSampler(server.url)
+    sampler.start()
+    t0 = time.time()
+    with open(run_dir / f"{wl.name}.bench.log", "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            if not _alive(server.proc):
+                proc.kill()
+                break
+            time.sleep(0.5)
+    t1 = time.time()
+    extra = sampler.finish()
+    server.check_alive(wl.name)
+    if proc.returncode != 0:
+        raise BenchError(
+            f"vllm bench serve failed for {wl.name} (exit {proc.returncode}); "
+            f"{run_dir / (wl.name + '.bench.log')}:\n{_tail(run_dir / (wl.name + '.bench.log'))}"
+        )
+    result = json.loads((run_dir / f"{wl.name}.bench.json").read_text())
+    return {"workload": wl.name, "window": [t0, t1], "bench": result, **extra}
+
+
+def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: dict,
+            out: Path, port: int, reference: dict) -> None:  # fmt: skip
+    backend = BACKENDS[letter]
+    run_dir = out / suite.name / f"run{index + 1}-{backend}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    model_dir = paths["data"] / "models" / suite.model
+    env = {**env, "TAGMA_SCHED_TRACE": str(run_dir)}
+    log(f"{suite.name} run {index + 1} ({backend}): starting the server")
+    server = Server(suite, backend, env, port, model_dir, run_dir)
+    try:
+        ready = server.wait_ready(900)
+        cap = capacity(server.log)
+        log(f"{suite.name} run {index + 1} ({backend}): ready in {ready:.0f} s, {cap}")
+        ids = run_gate(server, model_dir, suite)
+        gate = {"token_ids": ids}
+        if "ids" in reference:
+            gate["equal_to_run1"] = ids == reference["ids"]
+            if not gate["equal_to_run1"]:
+                (run_dir / "gate.json").write_text(json.dumps(gate))
+                raise BenchError(
+                    f"correctness gate failed: greedy token ids under {backend} differ from "
+                    f"run 1 ({reference['backend']}); see {run_dir / 'gate.json'}"
+                )
+        else:
+            reference.update(ids=ids, backend=backend)
+        (run_dir / "gate.json").write_text(json.dumps(gate))
+        results = []
+        for wl in suite.workloads:
+            r = run_bench(wl, suite, server, env, model_dir, paths["data"], run_dir, False)
+            b = r["bench"]
+            log(
+                f"{suite.name} run {index + 1} ({backend}) {wl.name}: "
+                f"{b.get('total_token_throughput', 0):.0f} tok/s, "
+                f"TTFT p99 {b.get('p99_ttft_ms', 0):.0f} ms, "
+                f"TPOT p99 {b.get('p99_tpot_ms', 0):.1f} ms, "
+                f"peak KV {r['peak_kv_usage']:.2f}, preemptions {r['preemptions']}"
+            )
+            results.append(r)
+        prof = None
+        if suite.profile is not None and index < 2:
+            log(f"{suite.name} run {index + 1} ({backend}): profiler window")
+            run_bench(suite.profile, suite, server, env, model_dir, paths["data"], run_dir, True)
+            prof = profile_trace.summarize_dir(run_dir / "trace", wait_s=120)
+            (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
+            log(f"{suite.name} run {index + 1} ({backend}): profile {profile_trace.brief(prof)}")
+    finally:
+        server.stop()
+    summary = {
+        "suite": suite.name, "run": index + 1, "backend": backend, "startup_s": ready,
+        "capacity": {**cap, **capacity(server.log)}, "gate": gate.get("equal_to_run1"),
+        "results": results, "profile": prof,
+    }  # fmt: skip
+    (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
+
+
+def run_suite(suite: Suite, order: str, env: dict[str, str], paths: dict, out: Path,
+              port: int, errors: list[str]) -> None:  # fmt: skip
+    reference: dict = {}
+    try:
+        for i, letter in enumerate(order):
+            run_one(suite, i, letter, env, paths, out, port, reference)
+    except BenchError as e:
+        errors.append(f"{suite.name}: {e}")
+        log(f"STOP {suite.name}: {e}")
+
+
+def check_gpus(need: int) -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        raise BenchError("no GPU: nvidia-smi is not on PATH (make bench-gpu runs on the GPU host)")
+    q = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    gpus = [line for line in q.stdout.splitlines() if line.strip()]
+    if q.returncode != 0 or len(gpus) < need:
+        raise BenchError(f"need {need} GPU(s), nvidia-smi shows {len(gpus)}: {q.stderr.strip()}")
+    return gpus
+
+
+def plan(suites: list[Suite], gpus: list[int]) -> list[list[tuple[Suite, list[int]]]]:
+    """Waves of suites that run side by side, each on its own GPUs."""
+    waves: list[list[tuple[Suite, list[int]]]] = []
+    free: list[int] = []
+    for suite in suites:
+        if suite.gpus > len(gpus):
+            continue
+        if len(free) < suite.gpus:
+            waves.append([])
+            free = list(gpus)
+        waves[-1].append((suite, free[: suite.gpus]))
+        free = free[suite.gpus :]
+    return waves
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--dest", default="/tmp/tagma-bench", help="where the bundle unpacks")
+    parser.add_argument("--suites", default="8b-16k,8b-128k,1b-host,8b-tp2")
+    parser.add_argument("--gpus", default="", help="GPU indices (default: all)")
+    parser.add_argument("--order", default="ABBA", help="A = paged, B = tagma")
+    parser.add_argument("--no-report", action="store_true")
+    args = parser.parse_args()
+
+    t_all = time.monotonic()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        names = [n for n in args.suites.split(",") if n]
+        unknown = [n for n in names if n not in SUITES]
+        if unknown:
+            raise BenchError(f"unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
+        if set(args.order) - set(BACKENDS):
+            raise BenchError(f"--order takes A (paged) and B (tagma), got {args.order}")
+        shown = check_gpus(1)
+        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(len(shown)))
+        log(f"GPUs: {'; '.join(shown)}")
+        log(f"installing the bundle from {args.bundle}")
+        paths = bundle_mod.install(Path(args.bundle), Path(args.dest))
+    except (BenchError, SystemExit) as e:
+        print(f"bench-gpu: {e}", file=sys.stderr)
+        return 1
+
+    suites = [SUITES[n] for n in names]
+    skipped = [s.name for s in suites if s.gpus > len(gpus)]
+    for name in skipped:
+        log(f"skipping {name}: needs {SUITES[name].gpus} GPUs, this host has {len(gpus)}")
+    base_env = {
+        **os.environ,
+        "PYTHONPATH": f"{HERE / 'hook'}:{paths['site']}",
+        "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        # The image has no flashinfer; the same sampler for both backends.
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        # Multicast stays off on shared multi-GPU hosts.
+        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }  # fmt: skip
+    errors: list[str] = []
+    meta = {
+        "order": args.order, "gpus": shown, "skipped": skipped,
+        "stack": (paths["site"] / "TAGMA_STACK").read_text().split(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }  # fmt: skip
+    for wave in plan(suites, gpus):
+        threads = []
+        for k, (suite, devs) in enumerate(wave):
+            env = {**base_env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))}
+            log(f"suite {suite.name} on GPU {devs}, order {args.order}")
+            t = threading.Thread(
+                target=run_suite,
+                args=(suite, args.order, env, paths, out, 8100 + 10 * k, errors),
+            )
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+    meta["wall_s"] = round(time.monotonic() - t_all, 1)
+    meta["errors"] = errors
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    if not args.no_report:
+        import report
+
+        report.write(out)
+        log(f"report: {out / 'report.md'}")
+    for e in errors:
+        print(f"bench-gpu: {e}", file=sys.stderr)
+    log(f"done in {meta['wall_s']:.0f} s")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

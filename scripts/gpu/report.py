@@ -1,0 +1,255 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""report.md and plots from a bench-gpu results folder.
+
+    python3 scripts/gpu/report.py DIR
+
+Reads DIR/<suite>/run<i>-<backend>/run.json (+ sched-*.tsv), writes
+DIR/report.md, DIR/summary.json and DIR/<suite>.png. Every metric is the
+median over a backend's repeats with the range (min-max) beside it; the
+ratio is tagma's median over paged's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+# (key in vllm bench serve's result, label, higher is better)
+METRICS = [
+    ("total_token_throughput", "total tok/s", True),
+    ("output_throughput", "output tok/s", True),
+    ("request_throughput", "requests/s", True),
+    ("p50_ttft_ms", "TTFT p50 ms", False),
+    ("p99_ttft_ms", "TTFT p99 ms", False),
+    ("p50_tpot_ms", "TPOT p50 ms", False),
+    ("p99_tpot_ms", "TPOT p99 ms", False),
+    ("p50_itl_ms", "ITL p50 ms", False),
+    ("p99_itl_ms", "ITL p99 ms", False),
+]
+# The issue's bar: throughput >= 1.00, p99 TTFT and TPOT <= 1.00.
+GOALS = {"total_token_throughput": 1.0, "p99_ttft_ms": 1.0, "p99_tpot_ms": 1.0}
+
+
+def sched_stats(run_dir: Path, window: list[float]) -> dict:
+    """Scheduler-thread numbers of the steps inside a workload's window."""
+    t0, t1 = int(window[0] * 1e9), int(window[1] * 1e9)
+    steps, samples = [], []
+    for tsv in run_dir.glob("sched-*.tsv"):
+        for line in tsv.read_text().splitlines():
+            f = line.split("\t")
+            if len(f) < 7 or not (t0 <= int(f[1]) <= t1):
+                continue
+            if f[0] == "S":
+                steps.append([int(x) for x in f[2:7]])
+            elif f[0] == "R":
+                samples.append(f[2:])
+    out: dict = {}
+    busy = [s for s in steps if s[3] > 0]  # steps with running requests
+    if busy:
+        out["steps"] = len(busy)
+        out["sched_us"] = statistics.median((s[0] + s[1]) / 1e3 for s in busy)
+        out["kv_us"] = statistics.median(s[2] / 1e3 for s in busy)
+        out["running"] = statistics.median(s[3] for s in busy)
+    if samples:
+        out["runs_mean"] = statistics.mean(float(s[1]) for s in samples)
+        out["runs_max"] = max(int(s[2]) for s in samples)
+        if samples[0][3] != "-":
+            out["ranges_mean"] = statistics.mean(float(s[3]) for s in samples)
+            out["ranges_max"] = max(int(s[4]) for s in samples)
+    return out
+
+
+def load(folder: Path) -> dict:
+    """suite -> backend -> list of run summaries (sched stats attached)."""
+    suites: dict = {}
+    for run_json in sorted(folder.glob("*/run*-*/run.json")):
+        run = json.loads(run_json.read_text())
+        for r in run["results"]:
+            r["sched"] = sched_stats(run_json.parent, r["window"])
+        suites.setdefault(run["suite"], {}).setdefault(run["backend"], []).append(run)
+    return suites
+
+
+def _med(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _cell(xs: list[float], digits: int) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    m = statistics.median(xs)
+    if len(xs) == 1:
+        return f"{m:,.{digits}f}"
+    return f"{m:,.{digits}f} ({min(xs):,.{digits}f}–{max(xs):,.{digits}f})"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return b / a if a and b is not None else None
+
+
+def workload_rows(paged: list[dict], tagma: list[dict], name: str) -> list[dict]:
+    def values(runs: list[dict], get) -> list[float]:
+        out = []
+        for run in runs:
+            for r in run["results"]:
+                if r["workload"] == name:
+                    out.append(get(r))
+        return out
+
+    rows = []
+    for key, label, higher in METRICS:
+        p = values(paged, lambda r, k=key: r["bench"].get(k))
+        t = values(tagma, lambda r, k=key: r["bench"].get(k))
+        rows.append({"key": key, "label": label, "paged": p, "tagma": t,
+                     "ratio": _ratio(_med(p), _med(t)), "higher": higher})  # fmt: skip
+    extra = [
+        ("peak_kv_usage", "peak KV usage", lambda r: r.get("peak_kv_usage")),
+        ("preemptions", "preemptions", lambda r: r.get("preemptions")),
+        ("sched_us", "scheduler µs/step", lambda r: r["sched"].get("sched_us")),
+        ("kv_us", "KV manager µs/step", lambda r: r["sched"].get("kv_us")),
+        ("runs_mean", "block runs/request (mean)", lambda r: r["sched"].get("runs_mean")),
+        ("runs_max", "block runs/request (max)", lambda r: r["sched"].get("runs_max")),
+        ("ranges_mean", "tagma ranges/request (mean)", lambda r: r["sched"].get("ranges_mean")),
+        ("ranges_max", "tagma ranges/request (max)", lambda r: r["sched"].get("ranges_max")),
+    ]  # fmt: skip
+    for key, label, get in extra:
+        p, t = values(paged, get), values(tagma, get)
+        if any(x is not None for x in p + t):
+            rows.append({"key": key, "label": label, "paged": p, "tagma": t,
+                         "ratio": _ratio(_med(p), _med(t)), "higher": None})  # fmt: skip
+    return rows
+
+
+def _digits(key: str) -> int:
+    return 0 if "throughput" in key or key in ("preemptions", "runs_max", "ranges_max") else 2
+
+
+def write(folder: Path) -> dict:
+    meta_path = folder / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    suites = load(folder)
+    lines = ["# bench-gpu: paged vs tagma under vllm serve", ""]
+    if meta:
+        lines += [
+            f"- stack: {' '.join(meta.get('stack', []))}",
+            f"- GPUs: {'; '.join(meta.get('gpus', []))}",
+            f"- order: {meta.get('order')} (A = paged, B = tagma), started {meta.get('started')},"
+            f" wall {meta.get('wall_s')} s",
+        ]
+        for e in meta.get("errors", []):
+            lines.append(f"- **stopped**: {e.splitlines()[0]}")
+        for s in meta.get("skipped", []):
+            lines.append(f"- skipped: {s} (not enough GPUs on this host)")
+        lines.append("")
+    summary: dict = {}
+    for suite, by_backend in sorted(suites.items()):
+        paged, tagma = by_backend.get("paged", []), by_backend.get("tagma", [])
+        lines += [f"## {suite}", ""]
+        lines.append(
+            f"Runs: paged {[r['run'] for r in paged]}, tagma {[r['run'] for r in tagma]}. "
+            "Cells: median (min–max) over the repeats; ratio = tagma / paged."
+        )
+        gates = [r["gate"] for r in paged + tagma if r["gate"] is not None]
+        if gates:
+            lines.append(
+                f"Correctness gate (greedy token ids equal to run 1): "
+                f"{'passed' if all(gates) else 'FAILED'} in {len(gates)} of {len(gates)} later runs."
+            )
+        lines += ["", "| | paged | tagma | ratio |", "|---|---|---|---|"]
+        for key, label, digits in (
+            ("kv_cache_tokens", "KV cache tokens", 0),
+            ("max_concurrency", "max concurrency (x max-model-len)", 2),
+        ):
+            p = [r["capacity"].get(key) for r in paged]
+            t = [r["capacity"].get(key) for r in tagma]
+            ratio = _ratio(_med(p), _med(t))
+            lines.append(
+                f"| {label} | {_cell(p, digits)} | {_cell(t, digits)} | "
+                f"{'-' if ratio is None else f'{ratio:.3f}'} |"
+            )
+        p = [r["startup_s"] for r in paged]
+        t = [r["startup_s"] for r in tagma]
+        lines.append(f"| server start-up s | {_cell(p, 0)} | {_cell(t, 0)} | |")
+        lines.append("")
+        summary[suite] = {}
+        names = [r["workload"] for r in (paged or tagma)[0]["results"]] if paged or tagma else []
+        for name in names:
+            rows = workload_rows(paged, tagma, name)
+            summary[suite][name] = {
+                r["key"]: {"paged": _med(r["paged"]), "tagma": _med(r["tagma"]),
+                           "ratio": r["ratio"]} for r in rows
+            }  # fmt: skip
+            lines += [f"### {suite} / {name}", "", "| metric | paged | tagma | ratio | goal |",
+                      "|---|---|---|---|---|"]  # fmt: skip
+            for r in rows:
+                goal = ""
+                if r["key"] in GOALS and r["ratio"] is not None:
+                    ok = r["ratio"] >= 1.0 if r["higher"] else r["ratio"] <= 1.0
+                    goal = "met" if ok else "missed"
+                ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+                d = _digits(r["key"])
+                lines.append(
+                    f"| {r['label']} | {_cell(r['paged'], d)} | {_cell(r['tagma'], d)} | "
+                    f"{ratio} | {goal} |"
+                )
+            lines.append("")
+        profs = [(r["backend"], r["profile"]) for r in paged + tagma if r.get("profile")]
+        if profs:
+            lines += [f"### {suite} / per decode step on the GPU (torch.profiler)", "",
+                      "| backend | steps | step period µs | materialize µs | slot mapping µs"
+                      " | fused µs | write path µs | share of step |",
+                      "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            for backend, p in profs:
+                if not p.get("steps"):
+                    lines.append(f"| {backend} | 0 | {p.get('error')} | | | | | |")
+                    continue
+                lines.append(
+                    f"| {backend} | {p['steps']} | {p['step_period_us']:,.0f} | "
+                    f"{p['materialize_us']:.1f} | {p['slot_mapping_us']:.1f} | "
+                    f"{p['fused_us']:.1f} | {p['write_path_us']:.1f} | "
+                    f"{100 * p['write_path_share']:.3f} % |"
+                )
+            lines.append("")
+            summary[suite]["profile"] = {b: p for b, p in profs}
+        _plot(folder, suite, summary[suite])
+        lines += [f"![{suite}]({suite}.png)", ""]
+    (folder / "report.md").write_text("\n".join(lines) + "\n")
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _plot(folder: Path, suite: str, summary: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    workloads = [w for w in summary if w != "profile"]
+    keys = [k for k, _, _ in METRICS]
+    labels = [label for _, label, _ in METRICS]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / max(1, len(workloads))
+    for i, w in enumerate(workloads):
+        ys = [summary[w].get(k, {}).get("ratio") or 0 for k in keys]
+        ax.bar([x + i * width for x in range(len(keys))], ys, width, label=w)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(workloads) - 1) / 2 for x in range(len(keys))])
+    ax.set_xticklabels(labels, rotation=30, ha="right")
+    ax.set_ylabel("tagma / paged (median of repeats)")
+    ax.set_title(f"{suite}: tagma over paged (1.0 = parity)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / f"{suite}.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1]))
+    print((Path(sys.argv[1]) / "report.md").read_text())

@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""A stand-in for `python -m vllm.entrypoints.cli.main serve|bench serve`.
+
+It speaks just enough of the server's HTTP surface (/health, /metrics,
+/v1/completions with token ids, /start_profile, /stop_profile) and writes a
+bench serve result file, so the benchmark harness runs on a machine without
+a GPU. FAKE_VLLM_DIE_AFTER=N makes the server exit after N completions;
+FAKE_VLLM_TAGMA_DIFFERS=1 makes tagma's greedy ids differ.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def serve(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--port", type=int)
+    p.add_argument("--kv-cache-backend")
+    p.add_argument("--profiler-config")
+    args, _ = p.parse_known_args(argv)
+    prof = json.loads(args.profiler_config or "{}")
+    state = {"completions": 0, "preempt": 0}
+    die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
+    print("GPU KV cache size: 1,234,560 tokens", flush=True)
+    print("Maximum concurrency for 16,384 tokens per request: 75.35x", flush=True)
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def reply(self, code, body, ctype="application/json"):
+            data = body.encode() if isinstance(body, str) else body
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                return self.reply(200, "")
+            if self.path == "/metrics":
+                state["preempt"] += 1 if args.kv_cache_backend == "paged" else 0
+                return self.reply(200, (
+                    "# HELP vllm:kv_cache_usage_perc usage\n"
+                    'vllm:kv_cache_usage_perc{engine="0"} 0.42\n'
+                    f'vllm:num_preemptions_total{{engine="0"}} {state["preempt"]}\n'), "text/plain")
+            self.reply(404, "")
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(n) or b"{}")
+            if self.path == "/v1/completions":
+                state["completions"] += 1
+                shift = 1 if (args.kv_cache_backend == "tagma"
+                              and os.environ.get("FAKE_VLLM_TAGMA_DIFFERS")) else 0
+                choices = [{"index": i, "text": "", "token_ids": [len(pr) % 97 + shift] * 4}
+                           for i, pr in enumerate(body["prompt"])]
+                self.reply(200, json.dumps({"choices": choices}))
+                if die_after and state["completions"] >= die_after:
+                    os._exit(3)
+                return
+            if self.path == "/start_profile":
+                return self.reply(200, "")
+            if self.path == "/stop_profile":
+                d = Path(prof["torch_profiler_dir"])
+                d.mkdir(parents=True, exist_ok=True)
+                ev, t = [], 0.0
+                for _ in range(6):
+                    if args.kv_cache_backend == "paged":
+                        ev.append({"ph": "X", "cat": "kernel", "name": "_gather_block_tables_kernel", "ts": t, "dur": 3.0})
+                        ev.append({"ph": "X", "cat": "kernel", "name": "_compute_slot_mappings_kernel", "ts": t + 4, "dur": 2.0})
+                    else:
+                        ev.append({"ph": "X", "cat": "kernel", "name": "_tagma_prepare_kernel", "ts": t + 4, "dur": 2.5})
+                    ev.append({"ph": "X", "cat": "kernel", "name": "attention", "ts": t + 10, "dur": 900.0})
+                    t += 1000.0
+                with gzip.open(d / "rank0.pt.trace.json.gz", "wt") as f:
+                    json.dump({"traceEvents": ev}, f)
+                return self.reply(200, "")
+            self.reply(404, "")
+
+    ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
+
+
+def bench(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--port")
+    p.add_argument("--result-dir")
+    p.add_argument("--result-filename")
+    p.add_argument("--num-prompts", type=int, default=10)
+    p.add_argument("--profile", action="store_true")
+    args, _ = p.parse_known_args(argv)
+    import urllib.request
+    base = f"http://127.0.0.1:{args.port}"
+    if args.profile:
+        urllib.request.urlopen(urllib.request.Request(base + "/start_profile", b"{}"))
+    urllib.request.urlopen(base + "/metrics").read()
+    if args.profile:
+        urllib.request.urlopen(urllib.request.Request(base + "/stop_profile", b"{}"))
+    result = {"completed": args.num_prompts, "request_throughput": 10.0,
+              "output_throughput": 1000.0, "total_token_throughput": 3000.0,
+              **{f"{s}_{m}_ms": 5.0 for s in ("mean", "median", "p50", "p90", "p99")
+                 for m in ("ttft", "tpot", "itl", "e2el")}}
+    Path(args.result_dir, args.result_filename).write_text(json.dumps(result))
+    print("Benchmark done", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2:])
+    elif sys.argv[1:3] == ["bench", "serve"]:
+        bench(sys.argv[3:])
+    else:
+        sys.exit(f"fake vllm: unsupported {sys.argv[1:]}")

@@ -1,0 +1,178 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""The GPU serve benchmark's harness, on CPU, against a stand-in vLLM.
+
+The stand-in (fake/vllm) serves /health, /metrics, /v1/completions and the
+profiler endpoints and writes bench results, so these tests exercise what
+bench_serve.py does on the GPU host: bundle checks and install, ABBA order,
+the correctness gate, server-death detection, profile parsing, the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "scripts/gpu"
+sys.path.insert(0, str(GPU))
+
+import bundle  # noqa: E402
+import profile_trace  # noqa: E402
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fake_bundle(tmp_path: Path) -> Path:
+    b = tmp_path / "bundle"
+    b.mkdir()
+    runtime = tmp_path / "runtime"
+    shutil.copytree(Path(__file__).parent / "fake", runtime)
+    data = tmp_path / "data"
+    for m in ("llama-3.1-8b", "llama-3.2-1b"):
+        (data / "models" / m).mkdir(parents=True)
+        (data / "models" / m / "config.json").write_text("{}")
+    (data / "sharegpt.json").write_text("[]")
+    fork = tmp_path / "fork"
+    (fork / "vllm").mkdir(parents=True)
+    (fork / "TAGMA_STACK").write_text("vllm 0.25.1\nproject abc123\n")
+    for name, src in [
+        ("vllm-runtime-0.25.1-sm90-cp312.tar.xz", runtime),
+        ("bench-data.tar.xz", data),
+        ("tagma-fork.tar.xz", fork),
+    ]:
+        bundle.pack(src, b / name)
+    (b / "SHA256SUMS").write_text(
+        "".join(f"{_sha(p)}  {p.name}\n" for p in sorted(b.glob("*.tar.xz")))
+    )
+    return b
+
+
+@pytest.fixture
+def gpu_path(tmp_path: Path) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771 MiB'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def _bench(bundle_dir: Path, out: Path, dest: Path, path: str, *extra: str,
+           env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(GPU / "bench_serve.py"), "--bundle", str(bundle_dir),
+         "--out", str(out), "--dest", str(dest), *extra],
+        env={**os.environ, "PATH": path, **(env or {})},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_path):
+    out = tmp_path / "out"
+    r = _bench(fake_bundle, out, tmp_path / "dest", gpu_path, "--suites", "1b-host")
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = sorted(p.name for p in (out / "1b-host").iterdir())
+    assert runs == ["run1-paged", "run2-tagma", "run3-tagma", "run4-paged"]
+    for run in runs:
+        summary = json.loads((out / "1b-host" / run / "run.json").read_text())
+        assert summary["capacity"] == {"kv_cache_tokens": 1234560, "max_concurrency": 75.35}
+        assert [w["workload"] for w in summary["results"]] == ["host-512", "host-1024"]
+        assert summary["results"][0]["peak_kv_usage"] == pytest.approx(0.42)
+        cmd = (out / "1b-host" / run / "server.cmd").read_text()
+        assert f"--kv-cache-backend {run.split('-')[1]}" in cmd
+    first = json.loads((out / "1b-host/run1-paged/run.json").read_text())
+    assert first["gate"] is None  # the reference
+    later = json.loads((out / "1b-host/run4-paged/run.json").read_text())
+    assert later["gate"] is True
+    # The profiler window runs in the first A and first B run only.
+    assert first["profile"]["steps"] == 5
+    assert first["profile"]["write_path_us"] == pytest.approx(5.0)
+    tagma = json.loads((out / "1b-host/run2-tagma/run.json").read_text())
+    assert tagma["profile"]["fused_us"] == pytest.approx(2.5)
+    assert later["profile"] is None
+    report = (out / "report.md").read_text()
+    assert "## 1b-host" in report and "| total tok/s |" in report
+    assert "passed in 3 of 3" in report
+    assert (out / "1b-host.png").exists()
+
+
+def test_dead_server_stops_the_suite_with_its_log(fake_bundle, gpu_path, tmp_path):
+    r = _bench(fake_bundle, tmp_path / "out", tmp_path / "dest", gpu_path,
+               "--suites", "1b-host", env={"FAKE_VLLM_DIE_AFTER": "1"})  # fmt: skip
+    assert r.returncode == 1
+    assert "server died during host-512" in r.stderr
+    assert "exit code 3" in r.stderr
+
+
+def test_gate_mismatch_stops_before_timing(fake_bundle, gpu_path, tmp_path):
+    out = tmp_path / "out"
+    r = _bench(fake_bundle, out, tmp_path / "dest", gpu_path, "--suites", "1b-host",
+               env={"FAKE_VLLM_TAGMA_DIFFERS": "1"})  # fmt: skip
+    assert r.returncode == 1
+    assert "correctness gate failed" in r.stderr
+    assert not list((out / "1b-host/run2-tagma").glob("*.bench.json"))
+
+
+def test_missing_or_corrupt_bundle_and_no_gpu(fake_bundle, gpu_path, tmp_path):
+    r = _bench(tmp_path / "nothing", tmp_path / "o1", tmp_path / "d", gpu_path)
+    assert r.returncode == 1 and "run `make bundle`" in r.stderr
+    piece = fake_bundle / "bench-data.tar.xz"
+    piece.write_bytes(piece.read_bytes() + b"x")
+    r = _bench(fake_bundle, tmp_path / "o2", tmp_path / "d", gpu_path)
+    assert r.returncode == 1 and "sha256 mismatch" in r.stderr
+    r = _bench(fake_bundle, tmp_path / "o3", tmp_path / "d", "/usr/bin:/bin")
+    assert r.returncode == 1 and "no GPU" in r.stderr
+
+
+def test_suites_share_gpus_in_waves():
+    import bench_serve
+
+    s = bench_serve.SUITES
+    waves = bench_serve.plan([s["8b-16k"], s["8b-128k"], s["1b-host"], s["8b-tp2"]], [0, 1])
+    assert [[(x.name, g) for x, g in w] for w in waves] == [
+        [("8b-16k", [0]), ("8b-128k", [1])],
+        [("1b-host", [0])],
+        [("8b-tp2", [0, 1])],
+    ]
+    assert bench_serve.plan([s["8b-tp2"]], [0]) == []
+
+
+def test_profile_steps_are_delimited_by_slot_mapping_launches():
+    kernels = []
+    for i in range(4):
+        t = 100.0 * i
+        kernels += [
+            {"name": "_gather_block_tables_kernel", "ts": t, "dur": 2.0},
+            {"name": "_compute_slot_mappings_kernel", "ts": t + 3, "dur": 1.0},
+            {"name": "gemm", "ts": t + 5, "dur": 50.0},
+        ]
+    s = profile_trace.summarize(kernels)
+    assert s["steps"] == 3
+    assert s["step_period_us"] == 100.0
+    # The gather of step i+1 is launched before its slot-mapping mark, so
+    # it lands in step i's window: still one gather and one slot per step.
+    assert s["materialize_us"] == 2.0 and s["slot_mapping_us"] == 1.0
+    assert s["write_path_share"] == pytest.approx(0.03)
+    assert profile_trace._kind("_compute_slot_mappings_tagma_kernel") == "slot"
+    assert profile_trace._kind("_tagma_prepare_kernel") == "fused"
+    assert profile_trace.summarize([])["steps"] == 0
+
+
+def test_gate_prompts_are_fixed():
+    import bench_serve
+
+    a = bench_serve.gate_prompts((5, 300))
+    assert a == bench_serve.gate_prompts((5, 300))
+    assert [len(p) for p in a] == [5, 300]
+    assert all(1000 <= t < 121000 for p in a for t in p)
