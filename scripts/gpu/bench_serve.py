@@ -78,36 +78,36 @@ def _sharegpt(prompts: int) -> list[str]:
 PREFIX = ["--dataset-name", "prefix_repetition",
           "--prefix-repetition-prefix-len", "4096", "--prefix-repetition-suffix-len", "512",
           "--prefix-repetition-num-prefixes", "8", "--prefix-repetition-output-len", "256",
-          "--num-prompts", "256"]  # fmt: skip
+          "--num-prompts", "128"]  # fmt: skip
 
 SUITES = {
     s.name: s
     for s in [
         Suite(
             "8b-16k", "llama-3.1-8b", 16384,
-            [Workload("sharegpt", _sharegpt(600)),
-             Workload("long-15k", _random(15000, 256, 32), warmups=1),
+            [Workload("sharegpt", _sharegpt(300)),
+             Workload("long-15k", _random(15000, 256, 16), warmups=1),
              Workload("prefix", PREFIX)],
-            profile=Workload("profile-15k", _random(15000, 256, 16), warmups=0),
+            profile=Workload("profile-15k", _random(15000, 256, 8), warmups=0),
             gate_lens=(8, 64, 512, 2048, 8192, 15000),
         ),
         Suite(
             "8b-128k", "llama-3.1-8b", 131072,
-            [Workload("sharegpt", _sharegpt(400)),
-             Workload("long-120k", _random(120000, 256, 3), warmups=0)],
+            [Workload("sharegpt", _sharegpt(300)),
+             Workload("long-120k", _random(120000, 256, 2), warmups=0)],
             profile=Workload("profile-120k", _random(120000, 256, 1), warmups=0),
             gate_lens=(8, 64, 512, 2048, 8192, 32768),
         ),
         Suite(
             "1b-host", "llama-3.2-1b", 4096,
-            [Workload("host-512", _random(128, 512, 1024, "--max-concurrency", "512")),
-             Workload("host-1024", _random(128, 512, 2048, "--max-concurrency", "1024"))],
-            profile=Workload("profile-host", _random(128, 512, 512), warmups=0),
+            [Workload("host-512", _random(128, 256, 512, "--max-concurrency", "512")),
+             Workload("host-1024", _random(128, 256, 1024, "--max-concurrency", "1024"))],
+            profile=Workload("profile-host", _random(128, 256, 256), warmups=0),
             server_args=["--max-num-seqs", "1024"],
         ),
         Suite(
             "8b-tp2", "llama-3.1-8b", 16384,
-            [Workload("sharegpt", _sharegpt(600))],
+            [Workload("sharegpt", _sharegpt(300))],
             gpus=2, server_args=["--tensor-parallel-size", "2"],
         ),
     ]
@@ -363,7 +363,7 @@ def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: d
         if suite.profile is not None and index < 2:
             log(f"{suite.name} run {index + 1} ({backend}): profiler window")
             run_bench(suite.profile, suite, server, env, model_dir, paths["data"], run_dir, True)
-            prof = profile_trace.summarize_dir(run_dir / "trace", wait_s=120)
+            prof = profile_trace.summarize_dir(run_dir / "trace", wait_s=60)
             (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
             log(f"{suite.name} run {index + 1} ({backend}): profile {profile_trace.brief(prof)}")
     finally:
@@ -377,10 +377,12 @@ def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: d
 
 
 def run_suite(suite: Suite, order: str, env: dict[str, str], paths: dict, out: Path,
-              port: int, errors: list[str]) -> None:  # fmt: skip
+              port: int, errors: list[str], deadline: float) -> None:  # fmt: skip
     reference: dict = {}
     try:
         for i, letter in enumerate(order):
+            if time.monotonic() > deadline:
+                raise BenchError(f"time budget spent before run {i + 1} (--budget-s)")
             run_one(suite, i, letter, env, paths, out, port, reference)
     except BenchError as e:
         errors.append(f"{suite.name}: {e}")
@@ -423,10 +425,13 @@ def main() -> int:
     parser.add_argument("--suites", default="8b-16k,8b-128k,1b-host,8b-tp2")
     parser.add_argument("--gpus", default="", help="GPU indices (default: all)")
     parser.add_argument("--order", default="ABBA", help="A = paged, B = tagma")
+    parser.add_argument("--budget-s", type=float, default=0,
+                        help="start no run after this many seconds (0: no limit)")
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
 
     t_all = time.monotonic()
+    deadline = t_all + args.budget_s if args.budget_s else float("inf")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -469,11 +474,13 @@ def main() -> int:
     for wave in plan(suites, gpus):
         threads = []
         for k, (suite, devs) in enumerate(wave):
-            env = {**base_env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))}
+            env = {**base_env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs)),
+                   # One compile cache a suite: runs 2-4 reuse run 1's.
+                   "VLLM_CACHE_ROOT": str(Path(args.dest) / "vllm-cache" / suite.name)}
             log(f"suite {suite.name} on GPU {devs}, order {args.order}")
             t = threading.Thread(
                 target=run_suite,
-                args=(suite, args.order, env, paths, out, 8100 + 10 * k, errors),
+                args=(suite, args.order, env, paths, out, 8100 + 10 * k, errors, deadline),
             )
             t.start()
             threads.append(t)
