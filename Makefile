@@ -16,7 +16,7 @@ BENCH_RUNS ?= 5
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
         test-conformance test-engine test-bindings bench-host bench-sched format-check \
-        bundle bench-gpu
+        bundle bench-gpu test-bench-gpu
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -63,7 +63,7 @@ pr-branch: $(TOOLS) ## build/pr: upstream + one signed-off commit per patch + en
 lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 	$(PY) -m ruff check scripts tests csrc/tagma
 	$(PY) -m ruff format --check scripts tests csrc/tagma
-	$(PY) -m mypy scripts/tagma_fork
+	$(PY) -m mypy scripts/tagma_fork scripts/gpu
 
 STACK_MODULES := vllm/config/kv_cache_backend.py vllm/v1/core/tagma_kv_cache_manager.py \
                  vllm/v1/worker/gpu/tagma_block_table.py vllm/tagma/__init__.py
@@ -106,6 +106,9 @@ BENCH_GPU_OUT ?= $(BUILD)/results/bench-gpu
 bench-gpu: ## on the GPU host: paged vs tagma serve benchmark, ABBA (needs build/bundle; BENCH_GPU_ARGS)
 	python3 scripts/gpu/bench_serve.py --bundle $(BUILD)/bundle --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
 
+test-bench-gpu: ## the GPU benchmark's harness on CPU: bundle checks, ABBA, gate, profile, report, scheduler hook (needs build-fork)
+	$(PY) -m pytest -q -p no:cacheprovider tests/bench_gpu
+
 # abi3audit in a venv of its own: its attrs is newer than vLLM's test lock allows.
 ABI3AUDIT := $(BUILD)/abi3audit/bin/abi3audit
 $(ABI3AUDIT):
@@ -121,4 +124,4 @@ format-check: ## clang-format over the engine (vLLM's style)
 
 test: build-fork ## the README's test command: everything CI runs
 	$(MAKE) check lint lint-stack format-check test-tooling test-engine test-bindings \
-	  test-conformance
+	  test-conformance test-bench-gpu

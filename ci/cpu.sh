@@ -7,8 +7,9 @@ t0=$(date +%s)
 
 # quilt: the test that `quilt push -a` gives the same tree as `git am`.
 # doctest-dev, clang-format: the engine's tests and format check.
+# xz-utils: the GPU bundle's pieces (make bundle, tests/bench_gpu).
 need=()
-for pkg in quilt doctest-dev clang-format; do
+for pkg in quilt doctest-dev clang-format xz-utils; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

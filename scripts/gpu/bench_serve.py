@@ -65,53 +65,98 @@ class Suite:
 
 
 def _random(n_in: int, n_out: int, prompts: int, *extra: str) -> list[str]:
-    return ["--dataset-name", "random", "--random-input-len", str(n_in),
-            "--random-output-len", str(n_out), "--random-range-ratio", "0",
-            "--num-prompts", str(prompts), *extra]  # fmt: skip
+    return [
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(n_in),
+        "--random-output-len",
+        str(n_out),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(prompts),
+        *extra,
+    ]
 
 
 def _sharegpt(prompts: int) -> list[str]:
-    return ["--dataset-name", "sharegpt", "--dataset-path", "{data}/sharegpt.json",
-            "--num-prompts", str(prompts)]  # fmt: skip
+    return [
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        "{data}/sharegpt.json",
+        "--num-prompts",
+        str(prompts),
+    ]
 
 
-PREFIX = ["--dataset-name", "prefix_repetition",
-          "--prefix-repetition-prefix-len", "4096", "--prefix-repetition-suffix-len", "512",
-          "--prefix-repetition-num-prefixes", "8", "--prefix-repetition-output-len", "256",
-          "--num-prompts", "128"]  # fmt: skip
+PREFIX = [
+    "--dataset-name",
+    "prefix_repetition",
+    "--prefix-repetition-prefix-len",
+    "4096",
+    "--prefix-repetition-suffix-len",
+    "512",
+    "--prefix-repetition-num-prefixes",
+    "8",
+    "--prefix-repetition-output-len",
+    "256",
+    "--num-prompts",
+    "128",
+]
 
 SUITES = {
     s.name: s
     for s in [
         Suite(
-            "8b-16k", "llama-3.1-8b", 16384,
-            [Workload("sharegpt", _sharegpt(300)),
-             Workload("long-15k", _random(15000, 256, 16), warmups=1),
-             Workload("prefix", PREFIX)],
+            "8b-16k",
+            "llama-3.1-8b",
+            16384,
+            [
+                Workload("sharegpt", _sharegpt(300)),
+                Workload("long-15k", _random(15000, 256, 16), warmups=1),
+                Workload("prefix", PREFIX),
+            ],
             profile=Workload("profile-15k", _random(15000, 256, 8), warmups=0),
             gate_lens=(8, 64, 512, 2048, 8192, 15000),
         ),
         Suite(
-            "8b-128k", "llama-3.1-8b", 131072,
-            [Workload("sharegpt", _sharegpt(300)),
-             Workload("long-120k", _random(120000, 256, 2), warmups=0)],
+            "8b-128k",
+            "llama-3.1-8b",
+            131072,
+            [
+                Workload("sharegpt", _sharegpt(300)),
+                Workload("long-120k", _random(120000, 256, 2), warmups=0),
+            ],
             profile=Workload("profile-120k", _random(120000, 256, 1), warmups=0),
             gate_lens=(8, 64, 512, 2048, 8192, 32768),
         ),
         Suite(
-            "1b-host", "llama-3.2-1b", 4096,
-            [Workload("host-512", _random(128, 256, 512, "--max-concurrency", "512")),
-             Workload("host-1024", _random(128, 256, 1024, "--max-concurrency", "1024"))],
+            "1b-host",
+            "llama-3.2-1b",
+            4096,
+            [
+                Workload(
+                    "host-512", _random(128, 256, 512, "--max-concurrency", "512")
+                ),
+                Workload(
+                    "host-1024", _random(128, 256, 1024, "--max-concurrency", "1024")
+                ),
+            ],
             profile=Workload("profile-host", _random(128, 256, 256), warmups=0),
             server_args=["--max-num-seqs", "1024"],
         ),
         Suite(
-            "8b-tp2", "llama-3.1-8b", 16384,
+            "8b-tp2",
+            "llama-3.1-8b",
+            16384,
             [Workload("sharegpt", _sharegpt(300))],
-            gpus=2, server_args=["--tensor-parallel-size", "2"],
+            gpus=2,
+            server_args=["--tensor-parallel-size", "2"],
         ),
     ]
-}  # fmt: skip
+}
 
 # Decode steps the profiler skips (prefill of the profile workload) and keeps.
 PROFILE_DELAY, PROFILE_STEPS = 48, 32
@@ -150,24 +195,52 @@ def _tail(path: Path, n: int = 25) -> str:
 
 
 class Server:
-    def __init__(self, suite: Suite, backend: str, env: dict[str, str], port: int,
-                 model_dir: Path, run_dir: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        suite: Suite,
+        backend: str,
+        env: dict[str, str],
+        port: int,
+        model_dir: Path,
+        run_dir: Path,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log = run_dir / "server.log"
         trace_dir = run_dir / "trace"
         profiler = {
-            "profiler": "torch", "torch_profiler_dir": str(trace_dir),
-            "torch_profiler_with_stack": False, "ignore_frontend": True,
-            "delay_iterations": PROFILE_DELAY, "max_iterations": PROFILE_STEPS,
-        }  # fmt: skip
-        cmd = [*VLLM, "serve", str(model_dir), "--load-format", "dummy",
-               "--max-model-len", str(suite.max_model_len), "--port", str(port),
-               "--seed", "0", "--kv-cache-backend", backend,
-               "--profiler-config", json.dumps(profiler), *suite.server_args]  # fmt: skip
+            "profiler": "torch",
+            "torch_profiler_dir": str(trace_dir),
+            "torch_profiler_with_stack": False,
+            "ignore_frontend": True,
+            "delay_iterations": PROFILE_DELAY,
+            "max_iterations": PROFILE_STEPS,
+        }
+        cmd = [
+            *VLLM,
+            "serve",
+            str(model_dir),
+            "--load-format",
+            "dummy",
+            "--max-model-len",
+            str(suite.max_model_len),
+            "--port",
+            str(port),
+            "--seed",
+            "0",
+            "--kv-cache-backend",
+            backend,
+            "--profiler-config",
+            json.dumps(profiler),
+            *suite.server_args,
+        ]
         (run_dir / "server.cmd").write_text(" ".join(cmd) + "\n")
-        self.out = open(self.log, "w")
+        self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
-            cmd, env=env, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.started = time.monotonic()
 
@@ -183,7 +256,9 @@ class Server:
                 return time.monotonic() - self.started
             except OSError:
                 time.sleep(1)
-        raise BenchError(f"server not ready after {timeout:.0f} s; {self.log}:\n{_tail(self.log)}")
+        raise BenchError(
+            f"server not ready after {timeout:.0f} s; {self.log}:\n{_tail(self.log)}"
+        )
 
     def check_alive(self, what: str) -> None:
         if not _alive(self.proc):
@@ -208,7 +283,9 @@ def capacity(log_path: Path) -> dict:
     out: dict = {}
     if m := re.search(r"GPU KV cache size: ([\d,]+) tokens", text):
         out["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
-    if m := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text):
+    if m := re.search(
+        r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text
+    ):
         out["max_concurrency"] = float(m.group(2))
     if m := re.search(r"num_gpu_blocks[ =:]+(\d+)", text):
         out["num_gpu_blocks"] = int(m.group(1))
@@ -224,7 +301,8 @@ class MetricsSampler(threading.Thread):
         self.stop_event = threading.Event()
         self.peak_usage = 0.0
         self.samples = 0
-        self.preemptions_start = self.preemptions_end = None
+        self.preemptions_start: float | None = None
+        self.preemptions_end: float | None = None
 
     @staticmethod
     def _read(text: str, name: str) -> float | None:
@@ -257,8 +335,11 @@ class MetricsSampler(threading.Thread):
         pre = None
         if self.preemptions_start is not None and self.preemptions_end is not None:
             pre = self.preemptions_end - self.preemptions_start
-        return {"peak_kv_usage": self.peak_usage, "metric_samples": self.samples,
-                "preemptions": pre}  # fmt: skip
+        return {
+            "peak_kv_usage": self.peak_usage,
+            "metric_samples": self.samples,
+            "preemptions": pre,
+        }
 
 
 def gate_prompts(lens: tuple[int, ...], seed: int = 1234) -> list[list[int]]:
@@ -275,10 +356,14 @@ def gate_prompts(lens: tuple[int, ...], seed: int = 1234) -> list[list[int]]:
 
 def run_gate(server: Server, model_dir: Path, suite: Suite) -> list[list[int]]:
     body = {
-        "model": str(model_dir), "prompt": gate_prompts(suite.gate_lens),
-        "max_tokens": 32, "temperature": 0.0, "seed": 0, "ignore_eos": True,
+        "model": str(model_dir),
+        "prompt": gate_prompts(suite.gate_lens),
+        "max_tokens": 32,
+        "temperature": 0.0,
+        "seed": 0,
+        "ignore_eos": True,
         "return_token_ids": True,
-    }  # fmt: skip
+    }
     resp = _post(server.url + "/v1/completions", body)
     choices = sorted(resp["choices"], key=lambda c: c["index"])
     ids = [c.get("token_ids") for c in choices]
@@ -287,15 +372,47 @@ def run_gate(server: Server, model_dir: Path, suite: Suite) -> list[list[int]]:
     return ids
 
 
-def run_bench(wl: Workload, suite: Suite, server: Server, env: dict[str, str],
-              model_dir: Path, data: Path, run_dir: Path, profile: bool) -> dict:  # fmt: skip
+def run_bench(
+    wl: Workload,
+    suite: Suite,
+    server: Server,
+    env: dict[str, str],
+    model_dir: Path,
+    data: Path,
+    run_dir: Path,
+    profile: bool,
+) -> dict:
     port = server.url.rsplit(":", 1)[1]
     args = [a.replace("{data}", str(data)) for a in wl.args]
-    cmd = [*VLLM, "bench", "serve", "--backend", "vllm", "--model", str(model_dir),
-           "--port", port, "--seed", "0", "--ignore-eos", "--request-rate", "inf",
-           "--num-warmups", str(wl.warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(run_dir),
-           "--result-filename", f"{wl.name}.bench.json", "--disable-tqdm", *args]  # fmt: skip
+    cmd = [
+        *VLLM,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--port",
+        port,
+        "--seed",
+        "0",
+        "--ignore-eos",
+        "--request-rate",
+        "inf",
+        "--num-warmups",
+        str(wl.warmups),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--result-dir",
+        str(run_dir),
+        "--result-filename",
+        f"{wl.name}.bench.json",
+        "--disable-tqdm",
+        *args,
+    ]
     if profile:
         cmd.append("--profile")
     sampler = MetricsSampler(server.url)
@@ -311,17 +428,26 @@ def run_bench(wl: Workload, suite: Suite, server: Server, env: dict[str, str],
     t1 = time.time()
     extra = sampler.finish()
     server.check_alive(wl.name)
+    bench_log = run_dir / f"{wl.name}.bench.log"
     if proc.returncode != 0:
         raise BenchError(
             f"vllm bench serve failed for {wl.name} (exit {proc.returncode}); "
-            f"{run_dir / (wl.name + '.bench.log')}:\n{_tail(run_dir / (wl.name + '.bench.log'))}"
+            f"{bench_log}:\n{_tail(bench_log)}"
         )
     result = json.loads((run_dir / f"{wl.name}.bench.json").read_text())
     return {"workload": wl.name, "window": [t0, t1], "bench": result, **extra}
 
 
-def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: dict,
-            out: Path, port: int, reference: dict) -> None:  # fmt: skip
+def run_one(
+    suite: Suite,
+    index: int,
+    letter: str,
+    env: dict[str, str],
+    paths: dict,
+    out: Path,
+    port: int,
+    reference: dict,
+) -> None:
     backend = BACKENDS[letter]
     run_dir = out / suite.name / f"run{index + 1}-{backend}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -341,7 +467,8 @@ def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: d
             if not gate["equal_to_run1"]:
                 (run_dir / "gate.json").write_text(json.dumps(gate))
                 raise BenchError(
-                    f"correctness gate failed: greedy token ids under {backend} differ from "
+                    f"correctness gate failed: greedy token ids under {backend} "
+                    "differ from "
                     f"run 1 ({reference['backend']}); see {run_dir / 'gate.json'}"
                 )
         else:
@@ -349,7 +476,9 @@ def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: d
         (run_dir / "gate.json").write_text(json.dumps(gate))
         results = []
         for wl in suite.workloads:
-            r = run_bench(wl, suite, server, env, model_dir, paths["data"], run_dir, False)
+            r = run_bench(
+                wl, suite, server, env, model_dir, paths["data"], run_dir, False
+            )
             b = r["bench"]
             log(
                 f"{suite.name} run {index + 1} ({backend}) {wl.name}: "
@@ -362,22 +491,47 @@ def run_one(suite: Suite, index: int, letter: str, env: dict[str, str], paths: d
         prof = None
         if suite.profile is not None and index < 2:
             log(f"{suite.name} run {index + 1} ({backend}): profiler window")
-            run_bench(suite.profile, suite, server, env, model_dir, paths["data"], run_dir, True)
+            run_bench(
+                suite.profile,
+                suite,
+                server,
+                env,
+                model_dir,
+                paths["data"],
+                run_dir,
+                True,
+            )
             prof = profile_trace.summarize_dir(run_dir / "trace", wait_s=60)
             (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
-            log(f"{suite.name} run {index + 1} ({backend}): profile {profile_trace.brief(prof)}")
+            log(
+                f"{suite.name} run {index + 1} ({backend}): "
+                f"profile {profile_trace.brief(prof)}"
+            )
     finally:
         server.stop()
     summary = {
-        "suite": suite.name, "run": index + 1, "backend": backend, "startup_s": ready,
-        "capacity": {**cap, **capacity(server.log)}, "gate": gate.get("equal_to_run1"),
-        "results": results, "profile": prof,
-    }  # fmt: skip
+        "suite": suite.name,
+        "run": index + 1,
+        "backend": backend,
+        "startup_s": ready,
+        "capacity": {**cap, **capacity(server.log)},
+        "gate": gate.get("equal_to_run1"),
+        "results": results,
+        "profile": prof,
+    }
     (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
 
 
-def run_suite(suite: Suite, order: str, env: dict[str, str], paths: dict, out: Path,
-              port: int, errors: list[str], deadline: float) -> None:  # fmt: skip
+def run_suite(
+    suite: Suite,
+    order: str,
+    env: dict[str, str],
+    paths: dict,
+    out: Path,
+    port: int,
+    errors: list[str],
+    deadline: float,
+) -> None:
     reference: dict = {}
     try:
         for i, letter in enumerate(order):
@@ -391,14 +545,19 @@ def run_suite(suite: Suite, order: str, env: dict[str, str], paths: dict, out: P
 
 def check_gpus(need: int) -> list[str]:
     if shutil.which("nvidia-smi") is None:
-        raise BenchError("no GPU: nvidia-smi is not on PATH (make bench-gpu runs on the GPU host)")
+        raise BenchError(
+            "no GPU: nvidia-smi is not on PATH (make bench-gpu runs on the GPU host)"
+        )
     q = subprocess.run(
         ["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
     gpus = [line for line in q.stdout.splitlines() if line.strip()]
     if q.returncode != 0 or len(gpus) < need:
-        raise BenchError(f"need {need} GPU(s), nvidia-smi shows {len(gpus)}: {q.stderr.strip()}")
+        raise BenchError(
+            f"need {need} GPU(s), nvidia-smi shows {len(gpus)}: {q.stderr.strip()}"
+        )
     return gpus
 
 
@@ -421,12 +580,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--dest", default="/tmp/tagma-bench", help="where the bundle unpacks")
+    parser.add_argument(
+        "--dest", default="/tmp/tagma-bench", help="where the bundle unpacks"
+    )
     parser.add_argument("--suites", default="8b-16k,8b-128k,1b-host,8b-tp2")
     parser.add_argument("--gpus", default="", help="GPU indices (default: all)")
     parser.add_argument("--order", default="ABBA", help="A = paged, B = tagma")
-    parser.add_argument("--budget-s", type=float, default=0,
-                        help="start no run after this many seconds (0: no limit)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="start no run after this many seconds (0: no limit)",
+    )
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
 
@@ -442,7 +607,11 @@ def main() -> int:
         if set(args.order) - set(BACKENDS):
             raise BenchError(f"--order takes A (paged) and B (tagma), got {args.order}")
         shown = check_gpus(1)
-        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(len(shown)))
+        gpus = (
+            [int(g) for g in args.gpus.split(",")]
+            if args.gpus
+            else list(range(len(shown)))
+        )
         log(f"GPUs: {'; '.join(shown)}")
         log(f"installing the bundle from {args.bundle}")
         paths = bundle_mod.install(Path(args.bundle), Path(args.dest))
@@ -453,34 +622,57 @@ def main() -> int:
     suites = [SUITES[n] for n in names]
     skipped = [s.name for s in suites if s.gpus > len(gpus)]
     for name in skipped:
-        log(f"skipping {name}: needs {SUITES[name].gpus} GPUs, this host has {len(gpus)}")
+        log(
+            f"skipping {name}: needs {SUITES[name].gpus} GPUs, "
+            f"this host has {len(gpus)}"
+        )
     base_env = {
         **os.environ,
         "PYTHONPATH": f"{HERE / 'hook'}:{paths['site']}",
-        "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
         # The image has no flashinfer; the same sampler for both backends.
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
         # Multicast stays off on shared multi-GPU hosts.
-        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
-    }  # fmt: skip
+    }
     errors: list[str] = []
     meta = {
-        "order": args.order, "gpus": shown, "skipped": skipped,
+        "order": args.order,
+        "gpus": shown,
+        "skipped": skipped,
         "stack": (paths["site"] / "TAGMA_STACK").read_text().split(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }  # fmt: skip
+    }
+    meta["finished"] = False
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
     for wave in plan(suites, gpus):
         threads = []
         for k, (suite, devs) in enumerate(wave):
-            env = {**base_env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs)),
-                   # One compile cache a suite: runs 2-4 reuse run 1's.
-                   "VLLM_CACHE_ROOT": str(Path(args.dest) / "vllm-cache" / suite.name)}
+            env = {
+                **base_env,
+                "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs)),
+                # One compile cache a suite: runs 2-4 reuse run 1's.
+                "VLLM_CACHE_ROOT": str(Path(args.dest) / "vllm-cache" / suite.name),
+            }
             log(f"suite {suite.name} on GPU {devs}, order {args.order}")
             t = threading.Thread(
                 target=run_suite,
-                args=(suite, args.order, env, paths, out, 8100 + 10 * k, errors, deadline),
+                args=(
+                    suite,
+                    args.order,
+                    env,
+                    paths,
+                    out,
+                    8100 + 10 * k,
+                    errors,
+                    deadline,
+                ),
             )
             t.start()
             threads.append(t)
@@ -488,14 +680,15 @@ def main() -> int:
             t.join()
     meta["wall_s"] = round(time.monotonic() - t_all, 1)
     meta["errors"] = errors
+    meta["finished"] = True
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     if not args.no_report:
         import report
 
         report.write(out)
         log(f"report: {out / 'report.md'}")
-    for e in errors:
-        print(f"bench-gpu: {e}", file=sys.stderr)
+    for err in errors:
+        print(f"bench-gpu: {err}", file=sys.stderr)
     log(f"done in {meta['wall_s']:.0f} s")
     return 1 if errors else 0
 

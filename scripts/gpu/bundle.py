@@ -37,6 +37,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -44,13 +45,33 @@ ROOT = HERE.parents[1]
 # pip flags that select wheels for the GPU host's interpreter (CPython 3.12,
 # manylinux x86_64) whatever Python runs the build.
 HOST_TAGS = [
-    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-    "--abi", "cp312", "--abi", "abi3", "--abi", "none",
-    *[arg for tag in ("manylinux_2_31", "manylinux_2_28", "manylinux_2_27",
-                      "manylinux_2_26", "manylinux_2_24", "manylinux_2_17",
-                      "manylinux2014", "manylinux_2_5", "manylinux1")
-      for arg in ("--platform", f"{tag}_x86_64")],
-]  # fmt: skip
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp312",
+    "--abi",
+    "abi3",
+    "--abi",
+    "none",
+    *[
+        arg
+        for tag in (
+            "manylinux_2_31",
+            "manylinux_2_28",
+            "manylinux_2_27",
+            "manylinux_2_26",
+            "manylinux_2_24",
+            "manylinux_2_17",
+            "manylinux2014",
+            "manylinux_2_5",
+            "manylinux1",
+        )
+        for arg in ("--platform", f"{tag}_x86_64")
+    ],
+]
 
 # Parts of the vLLM wheel a dense model on an H200 never loads.
 PRUNE = [
@@ -88,10 +109,22 @@ def _run(cmd: list[str], **kw) -> None:
 def pack(src: Path, dest: Path) -> None:
     """A byte-reproducible tar.xz of src's contents."""
     tar = subprocess.Popen(
-        ["tar", "-C", str(src), "--sort=name", "--mtime=@0", "--owner=0",
-         "--group=0", "--numeric-owner", "--format=gnu", "-cf", "-", "."],
+        [
+            "tar",
+            "-C",
+            str(src),
+            "--sort=name",
+            "--mtime=@0",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--format=gnu",
+            "-cf",
+            "-",
+            ".",
+        ],
         stdout=subprocess.PIPE,
-    )  # fmt: skip
+    )
     with open(dest, "wb") as f:
         _run(["xz", "-9", "-T2", "-c"], stdin=tar.stdout, stdout=f)
     if tar.wait() != 0:
@@ -100,8 +133,22 @@ def pack(src: Path, dest: Path) -> None:
 
 def download(lock: Path, dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-          "--require-hashes", *HOST_TAGS, "-d", str(dest), "-r", str(lock)])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--require-hashes",
+            *HOST_TAGS,
+            "-d",
+            str(dest),
+            "-r",
+            str(lock),
+        ]
+    )
     names = {
         line.split("==")[0].strip().lower().replace("-", "_")
         for line in lock.read_text().splitlines()
@@ -120,9 +167,22 @@ def build_runtime(work: Path, wheel: Path, deps: list[Path], out: Path) -> None:
     site = work / "site"
     shutil.rmtree(site, ignore_errors=True)
     log(f"    pip install --target (vllm wheel + {len(deps)} packages)")
-    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-          "--no-compile", *HOST_TAGS, "--target", str(site), str(wheel),
-          *map(str, deps)])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            *HOST_TAGS,
+            "--target",
+            str(site),
+            str(wheel),
+            *map(str, deps),
+        ]
+    )
     for rel in PRUNE:
         path = site / rel
         if path.is_dir():
@@ -201,13 +261,27 @@ def build_fork(work: Path, tree: Path, version: str, out: Path) -> str:
     fork = work / "fork"
     shutil.rmtree(fork, ignore_errors=True)
     files = subprocess.run(
-        ["git", "-C", str(tree), "diff", "--name-only", "--diff-filter=AM",
-         f"upstream/v{version}", "HEAD", "--", "vllm"],
-        check=True, capture_output=True, text=True,
-    ).stdout.split()  # fmt: skip
+        [
+            "git",
+            "-C",
+            str(tree),
+            "diff",
+            "--name-only",
+            "--diff-filter=AM",
+            f"upstream/v{version}",
+            "HEAD",
+            "--",
+            "vllm",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     so = sorted((tree / "vllm").glob("_tagma_C*.so"))
     if not files or not so:
-        raise RuntimeError(f"{tree} has no applied stack or no _tagma_C: make build-fork")
+        raise RuntimeError(
+            f"{tree} has no applied stack or no _tagma_C: make build-fork"
+        )
     for rel in [*files, str(so[0].relative_to(tree))]:
         (fork / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(tree / rel, fork / rel)
@@ -251,20 +325,27 @@ def cmd_build(args: argparse.Namespace) -> int:
         log("==> bench-data.tar.xz")
         build_data(work, data_wheels, out / "bench-data.tar.xz")
         log("==> tagma-fork.tar.xz")
-        head = build_fork(work, Path(args.tree).resolve(), pin.version, out / "tagma-fork.tar.xz")
+        head = build_fork(
+            work, Path(args.tree).resolve(), pin.version, out / "tagma-fork.tar.xz"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    pieces = {}
+    pieces: dict[str, dict[str, Any]] = {}
     for p in sorted(out.glob("*.tar.xz")):
         pieces[p.name] = {"sha256": sha256_of(p), "bytes": p.stat().st_size}
     for p in set(out.glob("*.tar.xz")) - {out / n for n in pieces}:
         p.unlink()
     manifest = {
-        "vllm": {"version": pin.version, "wheel": pin.wheel, "wheel_sha256": pin.wheel_sha256},
+        "vllm": {
+            "version": pin.version,
+            "wheel": pin.wheel,
+            "wheel_sha256": pin.wheel_sha256,
+        },
         "project_commit": head,
         "locks": {
-            n: (HERE / n).read_text().splitlines() for n in ("runtime.lock", "data.lock")
+            n: (HERE / n).read_text().splitlines()
+            for n in ("runtime.lock", "data.lock")
         },
         "pieces": pieces,
         "host": "CUDA 13 / sm_90, CPython 3.12, torch 2.11.0 from the host image",
@@ -273,7 +354,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     (out / "SHA256SUMS").write_text(
         "".join(f"{v['sha256']}  {n}\n" for n, v in pieces.items())
     )
-    changing = sum(v["bytes"] for n, v in pieces.items() if not n.startswith("vllm-runtime"))
+    changing = sum(
+        v["bytes"] for n, v in pieces.items() if not n.startswith("vllm-runtime")
+    )
     for n, v in pieces.items():
         log(f"  {v['bytes'] / 2**20:6.1f} MiB  {n}")
     log(
@@ -287,8 +370,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 def verify(bundle: Path) -> dict[str, str]:
     sums = bundle / "SHA256SUMS"
     if not sums.exists():
-        raise SystemExit(f"no bundle at {bundle} (SHA256SUMS missing): run `make bundle`")
-    want = dict(reversed(line.split("  ", 1)) for line in sums.read_text().splitlines())
+        raise SystemExit(
+            f"no bundle at {bundle} (SHA256SUMS missing): run `make bundle`"
+        )
+    want: dict[str, str] = {}
+    for line in sums.read_text().splitlines():
+        digest, name = line.split("  ", 1)
+        want[name] = digest
     for name, digest in want.items():
         path = bundle / name
         if not path.exists():
@@ -317,7 +405,11 @@ def install(bundle: Path, dest: Path) -> dict[str, Path]:
     _unpack(bundle / "bench-data.tar.xz", want["bench-data.tar.xz"], dest / "data")
     fork_key = want[runtime] + want["tagma-fork.tar.xz"]
     site = dest / "site"
-    if fresh or not (site / ".sha256").exists() or (site / ".sha256").read_text() != fork_key:
+    if (
+        fresh
+        or not (site / ".sha256").exists()
+        or (site / ".sha256").read_text() != fork_key
+    ):
         # The overlay goes onto a copy, so the pristine runtime stays reusable.
         shutil.rmtree(site, ignore_errors=True)
         shutil.copytree(dest / "runtime", site, symlinks=True)
@@ -338,7 +430,9 @@ def main() -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write the bundle (needs make build-fork)")
     b.add_argument("--out", default=str(ROOT / "build/bundle"))
-    b.add_argument("--tree", default=os.environ.get("TAGMA_TREE", str(ROOT / "build/tree")))
+    b.add_argument(
+        "--tree", default=os.environ.get("TAGMA_TREE", str(ROOT / "build/tree"))
+    )
     i = sub.add_parser("install", help="check and unpack a bundle on the GPU host")
     i.add_argument("--bundle", required=True)
     i.add_argument("--dest", default="/tmp/tagma-bench")

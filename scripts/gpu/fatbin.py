@@ -38,9 +38,7 @@ def _section(data: bytes | bytearray, wanted: bytes) -> tuple[int, int]:
         raise ValueError("not a 64-bit ELF file")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [
-        _ELF_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)
-    ]
+    headers = [_ELF_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     names_at = headers[shstrndx][4]
     for h in headers:
         start = names_at + h[0]

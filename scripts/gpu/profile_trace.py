@@ -52,7 +52,7 @@ def summarize(kernels: list[dict]) -> dict:
     kernels = sorted(kernels, key=lambda e: float(e["ts"]))
     marks = [i for i, e in enumerate(kernels) if _kind(e["name"]) in ("slot", "fused")]
     steps = []
-    for a, b in zip(marks, marks[1:]):
+    for a, b in zip(marks, marks[1:], strict=False):
         # A step runs from one slot-mapping launch to the next; its
         # materialization kernel, if separate, runs just before the mark.
         window = kernels[a:b]
@@ -79,7 +79,9 @@ def summarize(kernels: list[dict]) -> dict:
         "slot_mapping_us": _median([s[1]["slot"] for s in steps]),
         "fused_us": _median([s[1]["fused"] for s in steps]),
         "write_path_us": _median(total),
-        "write_path_share": _median([t / p for t, p in zip(total, periods) if p > 0]),
+        "write_path_share": _median(
+            [t / p for t, p in zip(total, periods, strict=True) if p > 0]
+        ),
         "kernel_names": sorted({e["name"] for e in kernels if _kind(e["name"])}),
         "top_kernels_us": [[n[:80], round(t, 1)] for n, t in top],
     }

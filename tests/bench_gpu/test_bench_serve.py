@@ -68,14 +68,31 @@ def gpu_path(tmp_path: Path) -> str:
     return f"{bin_dir}:{os.environ['PATH']}"
 
 
-def _bench(bundle_dir: Path, out: Path, dest: Path, path: str, *extra: str,
-           env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def _bench(
+    bundle_dir: Path,
+    out: Path,
+    dest: Path,
+    path: str,
+    *extra: str,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(GPU / "bench_serve.py"), "--bundle", str(bundle_dir),
-         "--out", str(out), "--dest", str(dest), *extra],
+        [
+            sys.executable,
+            str(GPU / "bench_serve.py"),
+            "--bundle",
+            str(bundle_dir),
+            "--out",
+            str(out),
+            "--dest",
+            str(dest),
+            *extra,
+        ],
         env={**os.environ, "PATH": path, **(env or {})},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_path):
@@ -86,7 +103,10 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
     assert runs == ["run1-paged", "run2-tagma", "run3-tagma", "run4-paged"]
     for run in runs:
         summary = json.loads((out / "1b-host" / run / "run.json").read_text())
-        assert summary["capacity"] == {"kv_cache_tokens": 1234560, "max_concurrency": 75.35}
+        assert summary["capacity"] == {
+            "kv_cache_tokens": 1234560,
+            "max_concurrency": 75.35,
+        }
         assert [w["workload"] for w in summary["results"]] == ["host-512", "host-1024"]
         assert summary["results"][0]["peak_kv_usage"] == pytest.approx(0.42)
         cmd = (out / "1b-host" / run / "server.cmd").read_text()
@@ -108,8 +128,15 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
 
 
 def test_dead_server_stops_the_suite_with_its_log(fake_bundle, gpu_path, tmp_path):
-    r = _bench(fake_bundle, tmp_path / "out", tmp_path / "dest", gpu_path,
-               "--suites", "1b-host", env={"FAKE_VLLM_DIE_AFTER": "1"})  # fmt: skip
+    r = _bench(
+        fake_bundle,
+        tmp_path / "out",
+        tmp_path / "dest",
+        gpu_path,
+        "--suites",
+        "1b-host",
+        env={"FAKE_VLLM_DIE_AFTER": "1"},
+    )
     assert r.returncode == 1
     assert "server died during host-512" in r.stderr
     assert "exit code 3" in r.stderr
@@ -117,8 +144,15 @@ def test_dead_server_stops_the_suite_with_its_log(fake_bundle, gpu_path, tmp_pat
 
 def test_gate_mismatch_stops_before_timing(fake_bundle, gpu_path, tmp_path):
     out = tmp_path / "out"
-    r = _bench(fake_bundle, out, tmp_path / "dest", gpu_path, "--suites", "1b-host",
-               env={"FAKE_VLLM_TAGMA_DIFFERS": "1"})  # fmt: skip
+    r = _bench(
+        fake_bundle,
+        out,
+        tmp_path / "dest",
+        gpu_path,
+        "--suites",
+        "1b-host",
+        env={"FAKE_VLLM_TAGMA_DIFFERS": "1"},
+    )
     assert r.returncode == 1
     assert "correctness gate failed" in r.stderr
     assert not list((out / "1b-host/run2-tagma").glob("*.bench.json"))
@@ -139,7 +173,9 @@ def test_suites_share_gpus_in_waves():
     import bench_serve
 
     s = bench_serve.SUITES
-    waves = bench_serve.plan([s["8b-16k"], s["8b-128k"], s["1b-host"], s["8b-tp2"]], [0, 1])
+    waves = bench_serve.plan(
+        [s["8b-16k"], s["8b-128k"], s["1b-host"], s["8b-tp2"]], [0, 1]
+    )
     assert [[(x.name, g) for x, g in w] for w in waves] == [
         [("8b-16k", [0]), ("8b-128k", [1])],
         [("1b-host", [0])],

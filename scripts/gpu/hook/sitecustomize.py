@@ -20,6 +20,7 @@ TAGMA_SCHED_TRACE this module only chains to any other sitecustomize.
 
 from __future__ import annotations
 
+import atexit
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -46,7 +47,9 @@ FLUSH_EVERY = 64
 class _Trace:
     def __init__(self, folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
-        self.out = open(os.path.join(folder, f"sched-{os.getpid()}.tsv"), "a")
+        path = os.path.join(folder, f"sched-{os.getpid()}.tsv")
+        self.out = open(path, "a")  # noqa: SIM115 (lives as long as the process)
+        atexit.register(self.out.flush)
         self.sched_ns = self.kv_ns = self.depth = self.steps = 0
 
     def step(self, sched: Any, update_ns: int) -> None:
@@ -69,7 +72,9 @@ class _Trace:
             ids = [b.block_id for b in groups[0].req_to_blocks.get(req.request_id, ())]
             ids = [i for i in ids if i != 0]  # the null block pads skipped slots
             if ids:
-                runs.append(1 + sum(1 for a, b in zip(ids, ids[1:]) if b != a + 1))
+                runs.append(
+                    1 + sum(1 for a, b in zip(ids, ids[1:], strict=False) if b != a + 1)
+                )
         if not runs:
             return
         own = getattr(manager, "_num_ranges", None)
@@ -77,7 +82,11 @@ class _Trace:
         self.out.write(
             f"R\t{time.time_ns()}\t{len(runs)}\t{sum(runs) / len(runs):.3f}\t"
             f"{max(runs)}\t"
-            + (f"{sum(ranges) / len(ranges):.3f}\t{max(ranges)}\n" if ranges else "-\t-\n")
+            + (
+                f"{sum(ranges) / len(ranges):.3f}\t{max(ranges)}\n"
+                if ranges
+                else "-\t-\n"
+            )
         )
 
 

@@ -14,7 +14,6 @@ import gzip
 import json
 import os
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -49,10 +48,15 @@ def serve(argv):
                 return self.reply(200, "")
             if self.path == "/metrics":
                 state["preempt"] += 1 if args.kv_cache_backend == "paged" else 0
-                return self.reply(200, (
-                    "# HELP vllm:kv_cache_usage_perc usage\n"
-                    'vllm:kv_cache_usage_perc{engine="0"} 0.42\n'
-                    f'vllm:num_preemptions_total{{engine="0"}} {state["preempt"]}\n'), "text/plain")
+                return self.reply(
+                    200,
+                    (
+                        "# HELP vllm:kv_cache_usage_perc usage\n"
+                        'vllm:kv_cache_usage_perc{engine="0"} 0.42\n'
+                        f'vllm:num_preemptions_total{{engine="0"}} {state["preempt"]}\n'
+                    ),
+                    "text/plain",
+                )
             self.reply(404, "")
 
         def do_POST(self):
@@ -60,10 +64,18 @@ def serve(argv):
             body = json.loads(self.rfile.read(n) or b"{}")
             if self.path == "/v1/completions":
                 state["completions"] += 1
-                shift = 1 if (args.kv_cache_backend == "tagma"
-                              and os.environ.get("FAKE_VLLM_TAGMA_DIFFERS")) else 0
-                choices = [{"index": i, "text": "", "token_ids": [len(pr) % 97 + shift] * 4}
-                           for i, pr in enumerate(body["prompt"])]
+                shift = (
+                    1
+                    if (
+                        args.kv_cache_backend == "tagma"
+                        and os.environ.get("FAKE_VLLM_TAGMA_DIFFERS")
+                    )
+                    else 0
+                )
+                choices = [
+                    {"index": i, "text": "", "token_ids": [len(pr) % 97 + shift] * 4}
+                    for i, pr in enumerate(body["prompt"])
+                ]
                 self.reply(200, json.dumps({"choices": choices}))
                 if die_after and state["completions"] >= die_after:
                     os._exit(3)
@@ -76,11 +88,43 @@ def serve(argv):
                 ev, t = [], 0.0
                 for _ in range(6):
                     if args.kv_cache_backend == "paged":
-                        ev.append({"ph": "X", "cat": "kernel", "name": "_gather_block_tables_kernel", "ts": t, "dur": 3.0})
-                        ev.append({"ph": "X", "cat": "kernel", "name": "_compute_slot_mappings_kernel", "ts": t + 4, "dur": 2.0})
+                        ev.append(
+                            {
+                                "ph": "X",
+                                "cat": "kernel",
+                                "name": "_gather_block_tables_kernel",
+                                "ts": t,
+                                "dur": 3.0,
+                            }
+                        )
+                        ev.append(
+                            {
+                                "ph": "X",
+                                "cat": "kernel",
+                                "name": "_compute_slot_mappings_kernel",
+                                "ts": t + 4,
+                                "dur": 2.0,
+                            }
+                        )
                     else:
-                        ev.append({"ph": "X", "cat": "kernel", "name": "_tagma_prepare_kernel", "ts": t + 4, "dur": 2.5})
-                    ev.append({"ph": "X", "cat": "kernel", "name": "attention", "ts": t + 10, "dur": 900.0})
+                        ev.append(
+                            {
+                                "ph": "X",
+                                "cat": "kernel",
+                                "name": "_tagma_prepare_kernel",
+                                "ts": t + 4,
+                                "dur": 2.5,
+                            }
+                        )
+                    ev.append(
+                        {
+                            "ph": "X",
+                            "cat": "kernel",
+                            "name": "attention",
+                            "ts": t + 10,
+                            "dur": 900.0,
+                        }
+                    )
                     t += 1000.0
                 with gzip.open(d / "rank0.pt.trace.json.gz", "wt") as f:
                     json.dump({"traceEvents": ev}, f)
@@ -99,16 +143,24 @@ def bench(argv):
     p.add_argument("--profile", action="store_true")
     args, _ = p.parse_known_args(argv)
     import urllib.request
+
     base = f"http://127.0.0.1:{args.port}"
     if args.profile:
         urllib.request.urlopen(urllib.request.Request(base + "/start_profile", b"{}"))
     urllib.request.urlopen(base + "/metrics").read()
     if args.profile:
         urllib.request.urlopen(urllib.request.Request(base + "/stop_profile", b"{}"))
-    result = {"completed": args.num_prompts, "request_throughput": 10.0,
-              "output_throughput": 1000.0, "total_token_throughput": 3000.0,
-              **{f"{s}_{m}_ms": 5.0 for s in ("mean", "median", "p50", "p90", "p99")
-                 for m in ("ttft", "tpot", "itl", "e2el")}}
+    result = {
+        "completed": args.num_prompts,
+        "request_throughput": 10.0,
+        "output_throughput": 1000.0,
+        "total_token_throughput": 3000.0,
+        **{
+            f"{s}_{m}_ms": 5.0
+            for s in ("mean", "median", "p50", "p90", "p99")
+            for m in ("ttft", "tpot", "itl", "e2el")
+        },
+    }
     Path(args.result_dir, args.result_filename).write_text(json.dumps(result))
     print("Benchmark done", flush=True)
 

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""scripts/gpu/hook: the scheduler-thread trace, on vLLM's real Scheduler.
+
+Runs in a subprocess with the hook folder on PYTHONPATH, as the serve
+benchmark's engine core does, and drives the patched tree's Scheduler
+(from `make build-fork`) with a faked model output for 130 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("bench_sched", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+s = bench.make_scheduler(sys.argv[2], 16, 4096, 4096)
+make = bench.request_factory("decode", False, 0)
+for _ in range(16):
+    s.add_request(make())
+for _ in range(130):
+    out = s.schedule()
+    s.update_from_output(out, bench.fake_output(out))
+print("runs", bench.runs_per_request(s))
+"""
+
+
+def _vllm_python() -> str:
+    py = ROOT / "build/venv/bin/python"
+    probe = subprocess.run([str(py), "-c", "import vllm"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.fail("needs `make build-fork` (vllm importable from build/venv)")
+    return str(py)
+
+
+@pytest.mark.parametrize("backend", ["paged", "tagma"])
+def test_trace_has_a_row_per_step_and_run_samples(backend, tmp_path):
+    redirect = tmp_path / "redirect.json"
+    models = ROOT / "tests/conformance/models"
+    redirect.write_text(
+        json.dumps({"facebook/opt-125m": str(models / "facebook--opt-125m")})
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "scripts/gpu/hook"),
+        "TAGMA_SCHED_TRACE": str(tmp_path / "trace"),
+        "VLLM_MODEL_REDIRECT_PATH": str(redirect),
+        "HF_HUB_OFFLINE": "1",
+    }
+    r = subprocess.run(
+        [_vllm_python(), "-c", DRIVER, str(ROOT / "scripts/bench/sched.py"), backend],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    (tsv,) = (tmp_path / "trace").glob("sched-*.tsv")
+    rows = [line.split("\t") for line in tsv.read_text().splitlines()]
+    steps = [row for row in rows if row[0] == "S"]
+    samples = [row for row in rows if row[0] == "R"]
+    assert len(steps) == 130
+    for _, _, sched_ns, update_ns, kv_ns, running, waiting in steps:
+        assert int(sched_ns) > 0 and int(update_ns) > 0
+        # The manager's time is inside schedule + update, never beside it.
+        assert 0 < int(kv_ns) <= int(sched_ns) + int(update_ns)
+        assert int(running) + int(waiting) <= 16
+    assert len(samples) == 2  # steps 64 and 128
+    for _, _, n, runs_mean, runs_max, ranges_mean, ranges_max in samples:
+        assert int(n) == 16 and float(runs_mean) >= 1 and int(runs_max) >= 1
+        if backend == "tagma":
+            # The manager's own count agrees with the block ids it hands out.
+            assert float(ranges_mean) == pytest.approx(float(runs_mean))
+            assert int(ranges_max) == int(runs_max)
+        else:
+            assert ranges_mean == ranges_max == "-"
+
+
+def test_without_the_variable_nothing_is_traced(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts/gpu/hook")}
+    env.pop("TAGMA_SCHED_TRACE", None)
+    code = (
+        "import sys; print(any(type(f).__name__ == '_Finder' for f in sys.meta_path))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "False"
+    env["TAGMA_SCHED_TRACE"] = str(tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "True"
