@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU pipeline: run on the GPU host (no network) from the repo root, with
-# .kit/ (stock vLLM 0.25.1 runtime, ../shared/gpu-kit) and .gpu/
-# (scripts/gpu/make_overlay.sh: the fork's files) carried.
+# build/bundle/ (`make bundle`: the pinned vLLM runtime, the fork's overlay
+# with the stack's tests, the model folders) copied there.
 #
 #   bash ci/gpu.sh [tests] [bench] [smoke]     (default: all three)
 #
@@ -12,11 +12,13 @@ OUT=${OUT:-build/results/gpu}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 steps=${*:-tests bench smoke}
+dest=/tmp/tagma-bench
 status=0
 
-source .kit/host_env.sh || exit 1
-cp -r .gpu/vllm/. /tmp/site/vllm/
-export PYTHONPATH=/tmp/site
+python3 scripts/gpu/bundle.py install --bundle build/bundle --dest "$dest" || exit 1
+export PYTHONPATH=$dest/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+# The image has no flashinfer: the PyTorch/Triton sampler for both backends.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import sys, vllm._tagma_C as m; print('python', sys.version.split()[0], m.__file__)" ||
   status=1
@@ -30,14 +32,14 @@ for step in $steps; do
       python3 -c "import json, pathlib, sys; d = pathlib.Path('tests/conformance/models');
 json.dump({p.name.replace('--', '/'): str(p.resolve()) for p in d.iterdir()
            if (p / 'config.json').exists()}, open(sys.argv[1], 'w'))" "$redirect"
-      (cd .gpu && HF_HUB_OFFLINE=1 VLLM_MODEL_REDIRECT_PATH=$redirect \
+      (cd "$dest/site" && VLLM_MODEL_REDIRECT_PATH=$redirect \
         python3 -m pytest -q -p no:cacheprovider -rs \
         --junitxml="$OUT/gpu-tests.xml" tests) || status=1 ;;
     bench)
       python3 scripts/bench/write_path.py --out "$OUT" || status=1 ;;
     smoke)
-      [ -f /tmp/llama1b/config.json ] || python3 .kit/make_model.py /tmp/llama1b --size 1b >/dev/null
-      python3 scripts/gpu/smoke_e2e.py --model /tmp/llama1b --out "$OUT" || status=1 ;;
+      python3 scripts/gpu/smoke_e2e.py --model "$dest/data/models/llama-3.2-1b" --out "$OUT" ||
+        status=1 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

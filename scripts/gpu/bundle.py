@@ -12,7 +12,8 @@ and SHA256SUMS:
       frontend or sm_100 code; kernels cut to sm_90 by fatbin.py), and the
       Python packages the host image lacks (runtime.lock). Changes with the pin.
   tagma-fork.tar.xz  the stack's new and changed Python files and the built
-      _tagma_C.abi3.so, as an overlay on vllm/. Changes with the fork.
+      _tagma_C.abi3.so, as an overlay on vllm/, and the stack's tests under
+      tests/. Changes with the fork.
   bench-data.tar.xz  model folders (config.json + Llama-3 tokenizer) and a
       ShareGPT sample of whole records (data.lock).
 Every input is pinned by version and sha256: the wheel by upstream/vllm.toml,
@@ -272,6 +273,7 @@ def build_fork(work: Path, tree: Path, version: str, out: Path) -> str:
             "HEAD",
             "--",
             "vllm",
+            "tests",
         ],
         check=True,
         capture_output=True,
@@ -282,7 +284,18 @@ def build_fork(work: Path, tree: Path, version: str, out: Path) -> str:
         raise RuntimeError(
             f"{tree} has no applied stack or no _tagma_C: make build-fork"
         )
-    for rel in [*files, str(so[0].relative_to(tree))]:
+    # The stack's tests travel too (ci/gpu.sh runs their CUDA variants), with
+    # the __init__.py files their packages need to import as in the tree.
+    inits = [
+        str(p.relative_to(tree))
+        for f in files
+        if f.startswith("tests/")
+        for d in Path(f).parents
+        if str(d) != "."
+        for p in [tree / d / "__init__.py"]
+        if p.exists()
+    ]
+    for rel in sorted({*files, *inits, str(so[0].relative_to(tree))}):
         (fork / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(tree / rel, fork / rel)
     head = subprocess.run(
