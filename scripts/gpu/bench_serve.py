@@ -269,7 +269,9 @@ class Server:
 
     def stop(self) -> None:
         if _alive(self.proc):
-            os.killpg(self.proc.pid, signal.SIGINT)
+            os.killpg(
+                self.proc.pid, signal.SIGTERM
+            )  # SIGINT may be ignored when detached
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:

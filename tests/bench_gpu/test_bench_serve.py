@@ -212,3 +212,35 @@ def test_gate_prompts_are_fixed():
     assert a == bench_serve.gate_prompts((5, 300))
     assert [len(p) for p in a] == [5, 300]
     assert all(1000 <= t < 121000 for p in a for t in p)
+
+
+def test_detached_run_outlives_its_command_and_packs_results(
+    fake_bundle, gpu_path, tmp_path
+):
+    env = {**os.environ, "PATH": gpu_path, "DETACH_DIR": str(tmp_path / "run")}
+    script = str(GPU / "detach.sh")
+    args = ["--bundle", str(fake_bundle), "--dest", str(tmp_path / "d")]
+    start = subprocess.run(
+        ["bash", script, "start", *args, "--suites", "1b-host"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert start.returncode == 0, start.stderr
+    tarball = tmp_path / "results.tgz"
+    poll = subprocess.run(
+        ["bash", script, "poll", "240", str(tarball)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert poll.returncode == 0, poll.stdout + poll.stderr
+    assert "finished" in poll.stdout
+    listing = subprocess.run(
+        ["tar", "-tzf", str(tarball)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "results/report.md" in listing
+    assert "results/1b-host/run4-paged/run.json" in listing
+    assert not any("/trace/" in name for name in listing)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run `make bench-gpu` detached, for hosts whose remote commands have a time
+# limit shorter than the benchmark (the whole set takes 30+ minutes).
+#
+#   bash scripts/gpu/detach.sh start [BENCH_GPU_ARGS...]   # returns at once
+#   bash scripts/gpu/detach.sh poll SECONDS TARBALL         # wait, then pack
+#
+# start: the harness runs in a session of its own (setsid), so it outlives
+# the command that started it; results and its log go to $DETACH_DIR
+# (default /tmp/tagma-bench-run). poll: waits up to SECONDS for the run to
+# finish, prints the log's tail, and packs the results (traces left out) into
+# TARBALL, so one file carries them back. Exit code 0 once the run is done
+# (make's own code is printed), 3 while it still runs.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+dir=${DETACH_DIR:-/tmp/tagma-bench-run}
+
+case ${1:-} in
+  start)
+    shift
+    rm -rf "$dir" && mkdir -p "$dir/results"
+    # The exit code lands in $dir/rc when make returns (a pid alone cannot
+    # tell a finished run from a zombie nobody reaps).
+    PYTHONUNBUFFERED=1 BENCH_GPU_OUT="$dir/results" BENCH_GPU_ARGS="$*" DIR="$dir" \
+      setsid nohup bash -c 'make bench-gpu BENCH_GPU_OUT="$BENCH_GPU_OUT" \
+        BENCH_GPU_ARGS="$BENCH_GPU_ARGS"; echo $? >"$DIR/rc"' \
+      >"$dir/bench.log" 2>&1 </dev/null &
+    echo "started, log $dir/bench.log"
+    ;;
+  poll)
+    secs=${2:?seconds}
+    tarball=${3:?tarball}
+    [ -f "$dir/bench.log" ] || { echo "no detached run in $dir"; exit 2; }
+    for _ in $(seq "$secs"); do
+      [ -f "$dir/rc" ] && break
+      sleep 1
+    done
+    tail -n 40 "$dir/bench.log"
+    tar -czf "$tarball" --exclude=trace -C "$dir" results bench.log
+    if [ ! -f "$dir/rc" ]; then echo "still running"; exit 3; fi
+    echo "finished (make exit code $(cat "$dir/rc"))"
+    ;;
+  *)
+    echo "usage: $0 start [ARGS...] | poll SECONDS TARBALL" >&2
+    exit 2
+    ;;
+esac
