@@ -20,14 +20,15 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import trees, upstream
 
-# The CPU torch that this machine kind keeps on disk; vLLM 0.25.1 pins
-# 2.11.0 (CUDA), whose CPU tests run the same on 2.13.0. Another pin may
-# need another (TAGMA_CPU_TORCH="torch==2.14.1" for 0.33.0).
-CPU_TORCH = os.environ.get("TAGMA_CPU_TORCH", "torch==2.13.0")
+# The CPU torch for a pin whose upstream/vllm.toml names none ([build]
+# cpu_torch): the one this machine kind keeps on disk. vLLM 0.25.1 pins 2.11.0
+# (CUDA), whose CPU tests run the same on 2.13.0.
+CPU_TORCH = "torch==2.13.0"
 # Never constrain these from upstream's lock: a different torch family build
 # would pull a CUDA torch (several GB).
 TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
@@ -80,9 +81,17 @@ def has_cuda() -> bool:
     ) in ("", "0")
 
 
-def constraints(tree: Path, out: Path) -> Path:
-    """Upstream's CPU test lock minus the torch family, as a constraints file."""
+def constraints(tree: Path, out: Path, relax: Mapping[str, str] | None = None) -> Path:
+    """Upstream's CPU test lock minus the torch family, as a constraints file.
+
+    A name in `relax` (the pin's [build.relax], name -> reason) is constrained
+    to `name==V.*` instead of `name==V`, so a post-release of V (a re-upload
+    the index may hold instead of V itself) satisfies it. Every relaxed name
+    must occur in the lock: a stale entry is an error, not a silent no-op.
+    """
+    relax = relax or {}
     lines = []
+    seen = set()
     for line in (tree / "requirements/test/cpu.txt").read_text().splitlines():
         name = line.split("==", 1)[0].strip().lower()
         if (
@@ -90,7 +99,17 @@ def constraints(tree: Path, out: Path) -> Path:
             and not line.startswith((" ", "#"))
             and name not in TORCH_FAMILY
         ):
-            lines.append(line.split(";")[0].split("#")[0].strip().replace(" \\", ""))
+            req = line.split(";")[0].split("#")[0].strip().replace(" \\", "")
+            if name in relax:
+                seen.add(name)
+                req = f"{req}.*"
+                print(f"    relaxed: {req}  ({relax[name]})")
+            lines.append(req)
+    if stale := sorted(set(relax) - seen):
+        raise ValueError(
+            f"[build.relax] names {', '.join(stale)}, which "
+            "requirements/test/cpu.txt does not pin; remove them from the pin"
+        )
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -150,9 +169,15 @@ def build_fork(layout: trees.Layout) -> int:
         _run([sys.executable, "-m", "venv", str(venv)])
         _done(t0)
 
-    cons = constraints(tree, layout.build / "constraints.txt")
+    cons = constraints(tree, layout.build / "constraints.txt", pin.relax)
+    cpu_torch = pin.cpu_torch or CPU_TORCH
     key = _fingerprint(
-        cons, tree / "requirements/common.txt", layout.root / "scripts/requirements.txt"
+        cons,
+        tree / "requirements/common.txt",
+        layout.root / "scripts/requirements.txt",
+        # Only a pin's own torch enters the key, so venvs built with the
+        # default keep their stamp.
+        *([cpu_torch] if pin.cpu_torch else []),
     )
     stamp = _stamp(venv, "deps")
     if stamp.exists() and stamp.read_text() == key:
@@ -163,7 +188,7 @@ def build_fork(layout: trees.Layout) -> int:
         if cuda:
             _run([*pip, "-r", str(tree / "requirements/cuda.txt"), "-c", str(cons)])
         else:
-            _run([*pip, CPU_TORCH])
+            _run([*pip, cpu_torch])
         _run(
             [
                 *pip,

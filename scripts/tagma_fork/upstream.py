@@ -18,7 +18,7 @@ import sys
 import tarfile
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PIN_FILE = Path("upstream/vllm.toml")
@@ -37,9 +37,16 @@ class Pin:
     # x86_64 wheel (precompiled kernels) file name and its sha256.
     wheel: str
     wheel_sha256: str
+    # [build] cpu_torch: the torch requirement `make build-fork` installs on a
+    # machine without a GPU; empty means build.CPU_TORCH.
+    cpu_torch: str = ""
+    # [build.relax]: lock pins of requirements/test/cpu.txt that build-fork
+    # loosens from `==V` to `==V.*` (V's post-releases match), each with the
+    # reason it is needed. An explicit list, never a blanket override.
+    relax: dict[str, str] = field(default_factory=dict)
 
     def dump(self) -> str:
-        return (
+        text = (
             "# The pinned upstream release. Written by `make rebase`; read by"
             " every verb.\n"
             "# The sdist is the source; the wheel is the source of precompiled"
@@ -51,6 +58,22 @@ class Pin:
             f'wheel = "{self.wheel}"\n'
             f'wheel_sha256 = "{self.wheel_sha256}"\n'
         )
+        if self.cpu_torch or self.relax:
+            text += (
+                "\n# How `make build-fork` installs this release (see"
+                " scripts/tagma_fork/build.py).\n[build]\n"
+            )
+        if self.cpu_torch:
+            text += f"cpu_torch = {_toml_str(self.cpu_torch)}\n"
+        if self.relax:
+            text += "\n[build.relax]\n"
+            for name, reason in sorted(self.relax.items()):
+                text += f"{name} = {_toml_str(reason)}\n"
+        return text
+
+
+def _toml_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class FetchError(RuntimeError):
@@ -59,8 +82,21 @@ class FetchError(RuntimeError):
 
 def read_pin(root: Path) -> Pin:
     with open(root / PIN_FILE, "rb") as f:
-        data = tomllib.load(f)["vllm"]
-    return Pin(**{k: str(data[k]) for k in Pin.__slots__})
+        doc = tomllib.load(f)
+    data = doc["vllm"]
+    build = doc.get("build", {})
+    unknown = set(build) - {"cpu_torch", "relax"}
+    if unknown:
+        raise ValueError(f"{PIN_FILE}: unknown [build] keys {sorted(unknown)}")
+    relax = build.get("relax", {})
+    if not all(isinstance(v, str) and v.strip() for v in relax.values()):
+        raise ValueError(f"{PIN_FILE}: every [build.relax] entry needs a reason")
+    return Pin(
+        **{k: str(data[k]) for k in ("version", "sdist", "sdist_sha256", "wheel",
+                                     "wheel_sha256")},
+        cpu_torch=str(build.get("cpu_torch", "")),
+        relax={str(k).lower(): str(v) for k, v in relax.items()},
+    )  # fmt: skip
 
 
 def write_pin(root: Path, pin: Pin) -> None:
