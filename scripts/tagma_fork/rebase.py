@@ -7,15 +7,26 @@ The stack is imported onto the new pristine base in build/rebase with a
 in `git am` so the user resolves it there; `--continue` and `--abort` pick
 up from a small state file. patches/ and upstream/ are written only when
 every patch has applied, so an abort (or a crash) loses nothing.
+
+The import runs with git rerere on (a resolution recorded once is replayed
+when the same conflict comes back, e.g. after an abort and a second try), and
+it keeps a per-patch record: how it applied (cleanly, with a 3-way merge,
+conflicted and resolved by hand or by rerere), the conflicting files, and the
+minutes from the stop to `--continue`. On success that record and the
+range-diff of the old and new stacks are written to
+build/results/rebase/<old>-to-<new>/ (report.md, range-diff.txt).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from . import stack, trees, upstream
 from .git import Git, GitError
@@ -29,11 +40,17 @@ class State:
     """What a stopped rebase needs to resume."""
 
     # The pin being moved to.
-    pin: dict[str, str]
+    pin: dict[str, Any]
     # Patches still to import after the one that stopped, in order.
     remaining: list[str]
     # The patch that stopped the import.
     current: str
+    # Per patch so far: [name, how it applied, conflicting files, minutes].
+    rows: list[list] = field(default_factory=list)
+    # When the import stopped (time.time()), for the minutes of the resolution.
+    stopped_at: float = 0.0
+    # Files that conflicted in the stopped patch.
+    conflicts: list[str] = field(default_factory=list)
 
 
 def _state_path(layout: trees.Layout) -> Path:
@@ -82,6 +99,9 @@ def start(layout: trees.Layout, pin: upstream.Pin) -> int:
         print("a rebase is already stopped; use --continue or --abort")
         return 2
     old = upstream.read_pin(layout.root)
+    # The [build] table (cpu torch, relaxed lock pins) is carried over: the
+    # index cannot say what the new release needs; review it after the move.
+    pin = replace(pin, cpu_torch=old.cpu_torch, relax=dict(old.relax))
     trees.ensure_base(layout, old)
     base = trees.ensure_base(layout, pin)
     git = trees.new_tree(layout, layout.rebase, base, BRANCH)
@@ -91,17 +111,69 @@ def start(layout: trees.Layout, pin: upstream.Pin) -> int:
     return _run(layout, git, pin, names)
 
 
-def _run(layout: trees.Layout, git: Git, pin: upstream.Pin, names: list[str]) -> int:
+# How a patch went onto the new base (the report's status column).
+APPLIED = "applied cleanly"
+THREE_WAY = "applied with 3-way"
+RESOLVED = "conflicted, resolved by hand"
+RERERE = "conflicted, resolved by rerere"
+_RERERE_LINE = re.compile(r"^(?:Resolved|Staged) '(.+)' using previous resolution")
+
+
+def _run(
+    layout: trees.Layout,
+    git: Git,
+    pin: upstream.Pin,
+    names: list[str],
+    rows: list[list] | None = None,
+) -> int:
+    rows = rows if rows is not None else []
     for i, name in enumerate(names):
-        failure = stack.apply_one(git, layout.patches / name, three_way=True)
+        t0 = time.time()
+        patch = layout.patches / name
+        status = APPLIED
+        files: list[str] = []
+        failure = stack.apply_one(git, patch, three_way=False)
         if failure is not None:
-            state = State(asdict(pin), names[i + 1 :], name)
+            status = THREE_WAY
+            failure = stack.apply_one(git, patch, three_way=True, rerere=True)
+        if failure is not None and _replayed_by_rerere(git, failure):
+            status = RERERE
+            files = _rerere_files(failure.output)
+            failure = None
+        if failure is not None:
+            state = State(
+                asdict(pin), names[i + 1 :], name, rows, time.time(), failure.files
+            )
             _state_path(layout).write_text(json.dumps(asdict(state), indent=1))
             _report_conflict(layout, failure)
             return EXIT_CONFLICT
         stack.tag_commit(git, name)
-        print(f"  {name}: applied")
-    return _finish(layout, git, pin)
+        rows.append([name, status, files, (time.time() - t0) / 60])
+        note = f" (review: {', '.join(files)})" if status == RERERE else ""
+        print(f"  {name}: {status}{note}")
+    return _finish(layout, git, pin, rows)
+
+
+def _replayed_by_rerere(git: Git, failure: stack.ApplyFailure) -> bool:
+    """True when rerere resolved and staged every conflict of a stopped am;
+    the am is then continued."""
+    if failure.files or not git.am_in_progress():
+        return False
+    if not _rerere_files(failure.output):
+        return False
+    try:
+        git.run(*stack.RERERE_CONFIG, "am", "--continue")
+    except GitError:
+        return False
+    return True
+
+
+def _rerere_files(output: str) -> list[str]:
+    return [
+        m.group(1)
+        for line in output.splitlines()
+        if (m := _RERERE_LINE.match(line.strip()))
+    ]
 
 
 def _report_conflict(layout: trees.Layout, failure: stack.ApplyFailure) -> None:
@@ -127,13 +199,16 @@ def resume(layout: trees.Layout) -> int:
         print(f"still unmerged: {', '.join(git.unmerged_files())}")
         return EXIT_CONFLICT
     try:
-        git.run("am", "--continue")
+        # rerere on, so this resolution is recorded for the next time.
+        git.run(*stack.RERERE_CONFIG, "am", "--continue")
     except GitError as e:
         print(e.output)
         return EXIT_CONFLICT
     stack.tag_commit(git, state.current)
-    print(f"  {state.current}: applied (resolved)")
-    return _run(layout, git, upstream.Pin(**state.pin), state.remaining)
+    minutes = (time.time() - state.stopped_at) / 60 if state.stopped_at else 0.0
+    state.rows.append([state.current, RESOLVED, state.conflicts, minutes])
+    print(f"  {state.current}: {RESOLVED} in {minutes:.0f} min")
+    return _run(layout, git, upstream.Pin(**state.pin), state.remaining, state.rows)
 
 
 def abort(layout: trees.Layout) -> int:
@@ -149,7 +224,7 @@ def abort(layout: trees.Layout) -> int:
     return 0
 
 
-def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin) -> int:
+def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin, rows: list[list]) -> int:
     base = trees.base_ref(pin.version)
     # Export into a scratch folder first: patches/ changes in one step.
     staged = layout.build / "rebase-patches"
@@ -167,20 +242,70 @@ def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin) -> int:
     old = upstream.read_pin(layout.root)
     upstream.write_pin(layout.root, pin)
     _state_path(layout).unlink(missing_ok=True)
-    report = _range_diff(layout, git, old, pin, old_dir)
+    out = results_dir(layout, old.version, pin.version)
+    range_diff = _range_diff(layout, git, old, pin, old_dir, out / "range-diff.txt")
+    report = write_report(out / "report.md", old, pin, rows, range_diff)
+    carried = ""
+    if pin.cpu_torch or pin.relax:
+        carried = (
+            "\n  upstream/vllm.toml's [build] table was carried over from "
+            f"{old.version}: review it for {pin.version}"
+        )
     print(
         f"\nrebased onto vllm {pin.version}: patches/ and upstream/vllm.toml "
         f"written.\n  the old stack is kept in {old_dir}\n"
-        f"  range-diff of the two stacks: {report}"
+        f"  per-patch report:             {report}\n"
+        f"  range-diff of the two stacks: {range_diff}{carried}"
     )
     return 0
 
 
+def results_dir(layout: trees.Layout, old: str, new: str) -> Path:
+    """Where a rebase from `old` to `new` writes its report and range-diff."""
+    path = layout.build / "results" / "rebase" / f"{old}-to-{new}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_report(
+    path: Path,
+    old: upstream.Pin,
+    new: upstream.Pin,
+    rows: list[list],
+    range_diff: Path,
+) -> Path:
+    """The per-patch table of a finished rebase, as Markdown."""
+    lines = [
+        f"# Rebase of the stack: vLLM {old.version} -> {new.version}",
+        "",
+        "| patch | result | conflicting files | minutes |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, status, files, minutes in rows:
+        shown = ", ".join(f"`{f}`" for f in files) or "-"
+        lines.append(f"| {name} | {status} | {shown} | {minutes:.0f} |")
+    lines += [
+        "",
+        (
+            "Minutes: from the stop at a conflict to `make rebase-continue` for"
+            " a patch resolved by hand; the tool's own time otherwise."
+        ),
+        f"Range-diff of the old and new stacks: `{range_diff.name}` (same folder).",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+    return path
+
+
 def _range_diff(
-    layout: trees.Layout, git: Git, old: upstream.Pin, new: upstream.Pin, old_dir: Path
+    layout: trees.Layout,
+    git: Git,
+    old: upstream.Pin,
+    new: upstream.Pin,
+    old_dir: Path,
+    report: Path,
 ) -> Path:
     """`git range-diff` of the old stack (on its base) against the new one."""
-    report = layout.build / f"range-diff-{old.version}-{new.version}.txt"
     old_tree = layout.build / "rebase-old-tree"
     base = trees.ensure_base(layout, old)
     old_git = trees.new_tree(layout, old_tree, base, None)

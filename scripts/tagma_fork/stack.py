@@ -155,10 +155,21 @@ def import_patches(
     return None
 
 
+# git rerere for the rebase tree: a conflict resolved once is replayed (and
+# staged) the next time the same conflict appears, e.g. when a rebase is
+# aborted and redone, or repeated onto a respun release. The resolutions live
+# in the shared upstream.git (rr-cache), so they outlive the rebase tree.
+RERERE_CONFIG = ("-c", "rerere.enabled=true", "-c", "rerere.autoUpdate=true")
+
+
 def apply_one(
-    git: Git, patch: Path, three_way: bool, signoff: bool = False
+    git: Git,
+    patch: Path,
+    three_way: bool,
+    signoff: bool = False,
+    rerere: bool = False,
 ) -> ApplyFailure | None:
-    args = ["am", "--keep-cr", "--quiet"]
+    args = [*(RERERE_CONFIG if rerere else ()), "am", "--keep-cr", "--quiet"]
     if three_way:
         args.append("-3")
     if signoff:

@@ -62,10 +62,13 @@ def test_rebase_three_way_succeeds_and_moves_the_pin(two_patches: Project) -> No
     new = (two_patches.patches / "cache-field.patch").read_text()
     assert " line eight\n" in new  # context now comes from the new release
     assert rebase.load_state(two_patches.layout) is None
-    report = two_patches.layout.build / "range-diff-9.0.0-9.1.0.txt"
-    lines = report.read_text().splitlines()
+    out = two_patches.layout.build / "results/rebase/9.0.0-to-9.1.0"
+    lines = (out / "range-diff.txt").read_text().splitlines()
     assert lines[0].startswith("1:") and "config: tag line 10" in lines[0]
     assert any(line.startswith("2:") and "= 2:" in line for line in lines)
+    report = (out / "report.md").read_text()
+    assert "| cache-field.patch | applied with 3-way | - |" in report
+    assert "| new-module.patch | applied cleanly | - |" in report
 
 
 def test_rebase_conflict_stops_then_abort_loses_nothing(
@@ -99,3 +102,59 @@ def test_rebase_conflict_resolved_and_continued(two_patches: Project) -> None:
     patch = (two_patches.patches / "cache-field.patch").read_text()
     assert "+line ten tagma\n" in patch and "-line ten\n" in patch
     assert stack.lint(two_patches.patches) == []
+
+
+def test_rebase_report_times_the_resolution_and_rerere_replays_it(
+    two_patches: Project, monkeypatch
+) -> None:
+    text = BASE_FILES["vllm/config/cache.py"].replace("line 10\n", "line ten\n")
+    pin = _release(two_patches, "9.2.0", **{"vllm/config/cache.py": text})
+    before = two_patches.snapshot()
+    clock = [1000.0]
+    monkeypatch.setattr(rebase.time, "time", lambda: clock[0])
+    assert rebase.start(two_patches.layout, pin) == rebase.EXIT_CONFLICT
+    clock[0] += 7 * 60  # seven minutes to resolve
+    wt = two_patches.layout.rebase
+    (wt / "vllm/config/cache.py").write_text(
+        text.replace("line ten\n", "line ten tagma\n")
+    )
+    Git(wt).run("add", "vllm/config/cache.py")
+    assert rebase.resume(two_patches.layout) == 0
+    out = two_patches.layout.build / "results/rebase/9.0.0-to-9.2.0"
+    report = (out / "report.md").read_text()
+    assert (
+        "| cache-field.patch | conflicted, resolved by hand "
+        "| `vllm/config/cache.py` | 7 |" in report
+    )
+    assert "| new-module.patch | applied cleanly | - | 0 |" in report
+    resolved = two_patches.snapshot()
+
+    # The same rebase again from the old stack: rerere replays the recorded
+    # resolution, so it runs through without stopping, to the same patches.
+    for rel, data in before.items():
+        (two_patches.layout.root / rel).write_bytes(data)
+    assert rebase.start(two_patches.layout, pin) == 0
+    assert two_patches.snapshot() == resolved
+    report = (out / "report.md").read_text()
+    assert (
+        "| cache-field.patch | conflicted, resolved by rerere "
+        "| `vllm/config/cache.py` |" in report
+    )
+
+
+def test_rebase_carries_the_build_table_over(two_patches: Project) -> None:
+    root = two_patches.layout.root
+    old = upstream.read_pin(root)
+    upstream.write_pin(
+        root,
+        upstream.Pin(
+            old.version, old.sdist, old.sdist_sha256, old.wheel, old.wheel_sha256,
+            cpu_torch="torch==2.14.1", relax={"certifi": "post1 only"},
+        ),
+    )  # fmt: skip
+    pin = _release(two_patches, "9.1.0")
+    assert rebase.start(two_patches.layout, pin) == 0
+    moved = upstream.read_pin(root)
+    assert moved.version == "9.1.0" and moved.sdist_sha256 == pin.sdist_sha256
+    assert moved.cpu_torch == "torch==2.14.1"
+    assert moved.relax == {"certifi": "post1 only"}
