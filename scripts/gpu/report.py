@@ -95,6 +95,15 @@ def _overlap(a: list[float], b: list[float]) -> bool:
     return bool(a and b) and min(a) <= max(b) and min(b) <= max(a)
 
 
+def _ratio_range(paged: list[float], tagma: list[float]) -> list[float] | None:
+    """The widest tagma/paged ratio any pair of repeats gives (the spread)."""
+    p = [x for x in paged if x]
+    t = [x for x in tagma if x is not None]
+    if not p or not t:
+        return None
+    return [min(t) / max(p), max(t) / min(p)]
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return b / a if a and b is not None else None
 
@@ -240,6 +249,7 @@ def write(folder: Path) -> dict:
                     "paged": _med(r["paged"]),
                     "tagma": _med(r["tagma"]),
                     "ratio": r["ratio"],
+                    "ratio_range": _ratio_range(r["paged"], r["tagma"]),
                 }
                 for r in rows
             }
@@ -311,11 +321,26 @@ def _plot(folder: Path, suite: str, summary: dict) -> None:
     width = 0.8 / max(1, len(workloads))
     for i, w in enumerate(workloads):
         ys = [summary[w].get(k, {}).get("ratio") or 0 for k in keys]
-        ax.bar([x + i * width for x in range(len(keys))], ys, width, label=w)
+        spans = [
+            summary[w].get(k, {}).get("ratio_range") or [y, y]
+            for k, y in zip(keys, ys, strict=True)
+        ]
+        err = [
+            [max(y - lo, 0) for y, (lo, _) in zip(ys, spans, strict=True)],
+            [max(hi - y, 0) for y, (_, hi) in zip(ys, spans, strict=True)],
+        ]
+        ax.bar(
+            [x + i * width for x in range(len(keys))],
+            ys,
+            width,
+            yerr=err,
+            capsize=2,
+            label=w,
+        )
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(workloads) - 1) / 2 for x in range(len(keys))])
     ax.set_xticklabels(labels, rotation=30, ha="right")
-    ax.set_ylabel("tagma / paged (median of repeats)")
+    ax.set_ylabel("tagma / paged (median; bars: pairwise range)")
     ax.set_title(f"{suite}: tagma over paged (1.0 = parity)")
     ax.legend(fontsize=8)
     fig.tight_layout()
