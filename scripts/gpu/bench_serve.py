@@ -413,6 +413,8 @@ def run_bench(
         "--result-filename",
         f"{wl.name}.bench.json",
         "--disable-tqdm",
+        # Per-request ITLs, for the tail-latency question in the README.
+        "--save-detailed",
         *args,
     ]
     if profile:
