@@ -439,6 +439,9 @@ def run_bench(
             f"{bench_log}:\n{_tail(bench_log)}"
         )
     result = json.loads((run_dir / f"{wl.name}.bench.json").read_text())
+    # The per-request lists stay in <workload>.bench.json; run.json keeps
+    # the summary.
+    result = {k: v for k, v in result.items() if not isinstance(v, list)}
     return {"workload": wl.name, "window": [t0, t1], "bench": result, **extra}
 
 
