@@ -51,7 +51,14 @@ KV_METHODS = (
 )
 
 
-def make_scheduler(backend: str, max_num_seqs: int, num_blocks: int, max_len: int):
+def make_scheduler(
+    backend: str,
+    max_num_seqs: int,
+    num_blocks: int,
+    max_len: int,
+    model: str = "facebook/opt-125m",
+    model_max_len: int | None = None,
+):
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -62,8 +69,9 @@ def make_scheduler(backend: str, max_num_seqs: int, num_blocks: int, max_len: in
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
-    model = ModelConfig(
-        model="facebook/opt-125m", dtype="float16", seed=0, skip_tokenizer_init=True
+    extra = {} if model_max_len is None else {"max_model_len": model_max_len}
+    model_config = ModelConfig(
+        model=model, dtype="float16", seed=0, skip_tokenizer_init=True, **extra
     )
     sched = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -76,7 +84,7 @@ def make_scheduler(backend: str, max_num_seqs: int, num_blocks: int, max_len: in
         block_size=BLOCK_SIZE, enable_prefix_caching=True, kv_cache_backend=backend
     )
     vllm_config = VllmConfig(
-        model_config=model, scheduler_config=sched, cache_config=cache
+        model_config=model_config, scheduler_config=sched, cache_config=cache
     )
     spec = FullAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float16
