@@ -376,7 +376,6 @@ def run_gate(server: Server, model_dir: Path, suite: Suite) -> list[list[int]]:
 
 def run_bench(
     wl: Workload,
-    suite: Suite,
     server: Server,
     env: dict[str, str],
     model_dir: Path,
@@ -483,9 +482,7 @@ def run_one(
         (run_dir / "gate.json").write_text(json.dumps(gate))
         results = []
         for wl in suite.workloads:
-            r = run_bench(
-                wl, suite, server, env, model_dir, paths["data"], run_dir, False
-            )
+            r = run_bench(wl, server, env, model_dir, paths["data"], run_dir, False)
             b = r["bench"]
             log(
                 f"{suite.name} run {index + 1} ({backend}) {wl.name}: "
@@ -500,7 +497,6 @@ def run_one(
             log(f"{suite.name} run {index + 1} ({backend}): profiler window")
             run_bench(
                 suite.profile,
-                suite,
                 server,
                 env,
                 model_dir,
@@ -521,7 +517,7 @@ def run_one(
         "run": index + 1,
         "backend": backend,
         "startup_s": ready,
-        "capacity": {**cap, **capacity(server.log)},
+        "capacity": cap,
         "gate": gate.get("equal_to_run1"),
         "results": results,
         "profile": prof,

