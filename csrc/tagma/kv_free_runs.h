@@ -114,18 +114,15 @@ class FreeRuns {
     Status s = sort_ids(ids, n, bad);
     if (s != Status::kOk) return s;
     // All checks before the first change.
-    for (size_t i = 0; i < scratch_.size();) {
-      const size_t j = group_end(i);
-      const int64_t f = first_free(scratch_[i], scratch_[j - 1] + 1);
-      if (f >= 0) return fail(Status::kAlreadyFree, f, bad);
-      i = j;
-    }
-    for (size_t i = 0; i < scratch_.size();) {
-      const size_t j = group_end(i);
-      put(scratch_[i], static_cast<uint32_t>(j - i));
-      i = j;
-    }
-    return Status::kOk;
+    s = for_each_group([&](uint32_t g, uint32_t l) {
+      const int64_t f = first_free(g, g + l);
+      return f >= 0 ? fail(Status::kAlreadyFree, f, bad) : Status::kOk;
+    });
+    if (s != Status::kOk) return s;
+    return for_each_group([&](uint32_t g, uint32_t l) {
+      put(g, l);
+      return Status::kOk;
+    });
   }
   Status add(const std::vector<uint32_t>& ids) {
     return add(ids.data(), ids.size());
@@ -150,18 +147,13 @@ class FreeRuns {
   Status remove(const uint32_t* ids, size_t n, int64_t* bad = nullptr) {
     Status s = sort_ids(ids, n, bad);
     if (s != Status::kOk) return s;
-    for (size_t i = 0; i < scratch_.size();) {
-      const size_t j = group_end(i);
-      s = check_free(scratch_[i], static_cast<uint32_t>(j - i), bad);
-      if (s != Status::kOk) return s;
-      i = j;
-    }
-    for (size_t i = 0; i < scratch_.size();) {
-      const size_t j = group_end(i);
-      cut(scratch_[i], static_cast<uint32_t>(j - i));
-      i = j;
-    }
-    return Status::kOk;
+    s = for_each_group(
+        [&](uint32_t g, uint32_t l) { return check_free(g, l, bad); });
+    if (s != Status::kOk) return s;
+    return for_each_group([&](uint32_t g, uint32_t l) {
+      cut(g, l);
+      return Status::kOk;
+    });
   }
   Status remove(const std::vector<uint32_t>& ids) {
     return remove(ids.data(), ids.size());
@@ -433,10 +425,18 @@ class FreeRuns {
   }
 
   // End of the group of consecutive ids that starts at scratch_[i].
-  size_t group_end(size_t i) const {
-    size_t j = i + 1;
-    while (j < scratch_.size() && scratch_[j] == scratch_[j - 1] + 1) ++j;
-    return j;
+  // Calls f(first, length) for each run of consecutive ids in the sorted
+  // scratch_, stopping at the first status that is not kOk.
+  template <class F>
+  Status for_each_group(F f) {
+    for (size_t i = 0; i < scratch_.size();) {
+      size_t j = i + 1;
+      while (j < scratch_.size() && scratch_[j] == scratch_[j - 1] + 1) ++j;
+      const Status s = f(scratch_[i], static_cast<uint32_t>(j - i));
+      if (s != Status::kOk) return s;
+      i = j;
+    }
+    return Status::kOk;
   }
 
   uint32_t align_up(uint32_t x) const {
