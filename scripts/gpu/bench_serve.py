@@ -643,6 +643,9 @@ def main() -> int:
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
+        # vLLM's symm-mem all-reduce would probe multicast at TP>1; NCCL and
+        # the custom all-reduce (CUDA IPC) carry TP=2 without it.
+        "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
     }
     errors: list[str] = []
     meta = {
