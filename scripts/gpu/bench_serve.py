@@ -16,7 +16,8 @@ flags, GPU. With several GPUs, suites that fit run side by side, one GPU each.
 
 Per run: server.log, <workload>.json (vllm bench serve's result + what this
 script measured), gate.json, profile.json, sched-*.tsv (scheduler-thread
-timing, scripts/gpu/hook). Then report.py writes report.md and plots.
+timing, scripts/gpu/hook). Then report.py writes report.md and plots;
+`report.py --out DIR PASS1 PASS2` pools the runs of several invocations.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ sys.path.insert(0, str(HERE))
 
 import bundle as bundle_mod  # noqa: E402
 import profile_trace  # noqa: E402
+import report  # noqa: E402
 
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 BACKENDS = {"A": "paged", "B": "tagma"}
@@ -512,6 +514,10 @@ def run_one(
             )
     finally:
         server.stop()
+    # run.json carries the scheduler numbers too, so a report can be rebuilt
+    # from run.json files alone (the traces are left behind on the host).
+    for r in results:
+        r["sched"] = report.sched_stats(run_dir, r["window"])
     summary = {
         "suite": suite.name,
         "run": index + 1,
@@ -689,9 +695,7 @@ def main() -> int:
     meta["finished"] = True
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     if not args.no_report:
-        import report
-
-        report.write(out)
+        report.write([out], out)
         log(f"report: {out / 'report.md'}")
     for err in errors:
         print(f"bench-gpu: {err}", file=sys.stderr)

@@ -1,20 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
-"""report.md and plots from a bench-gpu results folder.
+"""report.md and plots from bench-gpu results folders.
 
     python3 scripts/gpu/report.py DIR
+    python3 scripts/gpu/report.py --out OUT DIR1 DIR2 ...
 
-Reads DIR/<suite>/run<i>-<backend>/run.json (+ sched-*.tsv), writes
-DIR/report.md, DIR/summary.json and DIR/<suite>.png. Every metric is the
-median over a backend's repeats with the range (min-max) beside it; the
-ratio is tagma's median over paged's.
+Reads DIR/<suite>/run<i>-<backend>/run.json (+ sched-*.tsv where they came
+back), writes report.md, summary.json and <suite>.png into DIR, or into OUT
+when several folders (passes of the same stack, e.g. ABBA then BAAB) are
+pooled; a pooled run is named pass.run. Every metric is the median over a
+backend's repeats with the range (min-max) beside it; the ratio is tagma's
+median over paged's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import statistics
-import sys
 from pathlib import Path
 
 # (key in vllm bench serve's result, label, higher is better)
@@ -32,7 +36,9 @@ METRICS = [
 # sched_stats() keys shown per workload.
 SCHED_ROWS = [
     ("sched_us", "scheduler µs/step"),
+    ("sched_p99_us", "scheduler µs/step p99"),
     ("kv_us", "KV manager µs/step"),
+    ("kv_p99_us", "KV manager µs/step p99"),
     ("runs_mean", "block runs/request (mean)"),
     ("runs_max", "block runs/request (max)"),
     ("ranges_mean", "tagma ranges/request (mean)"),
@@ -40,6 +46,12 @@ SCHED_ROWS = [
 ]
 # The issue's bar: throughput >= 1.00, p99 TTFT and TPOT <= 1.00.
 GOALS = {"total_token_throughput": 1.0, "p99_ttft_ms": 1.0, "p99_tpot_ms": 1.0}
+
+
+def _p99(xs: list[float]) -> float:
+    """Nearest-rank 99th percentile (the tail the ITL p99 would feel)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
 
 
 def sched_stats(run_dir: Path, window: list[float]) -> dict:
@@ -59,8 +71,12 @@ def sched_stats(run_dir: Path, window: list[float]) -> dict:
     busy = [s for s in steps if s[3] > 0]  # steps with running requests
     if busy:
         out["steps"] = len(busy)
-        out["sched_us"] = statistics.median((s[0] + s[1]) / 1e3 for s in busy)
-        out["kv_us"] = statistics.median(s[2] / 1e3 for s in busy)
+        sched = [(s[0] + s[1]) / 1e3 for s in busy]
+        kv = [s[2] / 1e3 for s in busy]
+        out["sched_us"] = statistics.median(sched)
+        out["sched_p99_us"] = _p99(sched)
+        out["kv_us"] = statistics.median(kv)
+        out["kv_p99_us"] = _p99(kv)
         out["running"] = statistics.median(s[3] for s in busy)
     if samples:
         out["runs_mean"] = statistics.mean(float(s[1]) for s in samples)
@@ -71,15 +87,57 @@ def sched_stats(run_dir: Path, window: list[float]) -> dict:
     return out
 
 
-def load(folder: Path) -> dict:
+def load(folders: list[Path]) -> dict:
     """suite -> backend -> list of run summaries (sched stats attached)."""
     suites: dict = {}
-    for run_json in sorted(folder.glob("*/run*-*/run.json")):
-        run = json.loads(run_json.read_text())
-        for r in run["results"]:
-            r["sched"] = sched_stats(run_json.parent, r["window"])
-        suites.setdefault(run["suite"], {}).setdefault(run["backend"], []).append(run)
+    for n, folder in enumerate(folders, 1):
+        for run_json in sorted(folder.glob("*/run*-*/run.json")):
+            run = json.loads(run_json.read_text())
+            run["label"] = str(run["run"]) if len(folders) == 1 else f"{n}.{run['run']}"
+            for r in run["results"]:
+                # The traces win where present; else what the harness stored.
+                if any(run_json.parent.glob("sched-*.tsv")) or "sched" not in r:
+                    r["sched"] = sched_stats(run_json.parent, r["window"])
+            by_backend = suites.setdefault(run["suite"], {})
+            by_backend.setdefault(run["backend"], []).append(run)
     return suites
+
+
+def _meta_lines(folders: list[Path]) -> list[str]:
+    metas = []
+    for folder in folders:
+        path = folder / "meta.json"
+        metas.append(json.loads(path.read_text()) if path.exists() else {})
+    stacks = {" ".join(m.get("stack", [])) for m in metas if m}
+    if len(stacks) > 1:
+        raise ValueError(
+            "cannot pool runs of different stacks: " + "; ".join(sorted(stacks))
+        )
+    lines = []
+    if stacks:
+        lines.append(f"- stack: {stacks.pop()}")
+    for n, (folder, meta) in enumerate(zip(folders, metas, strict=True), 1):
+        if not meta:
+            continue
+        head = "- " if len(folders) == 1 else f"- pass {n} ({folder.name}): "
+        lines += [
+            f"{head}GPUs: {'; '.join(meta.get('gpus', []))}",
+            (
+                f"{head}order: {meta.get('order')} (A = paged, B = tagma), "
+                f"started {meta.get('started')}, wall {meta.get('wall_s')} s"
+            ),
+        ]
+        if meta.get("finished") is False:
+            lines.append(
+                f"{head}**the run did not finish**: runs without run.json are left out"
+            )
+        if meta.get("note"):
+            lines.append(f"{head}note: {meta['note']}")
+        for e in meta.get("errors", []):
+            lines.append(f"{head}**stopped**: {e.splitlines()[0]}")
+        for s in meta.get("skipped", []):
+            lines.append(f"{head}skipped: {s} (not enough GPUs on this host)")
+    return lines + [""] if lines else []
 
 
 def _med(xs: list[float]) -> float | None:
@@ -162,38 +220,18 @@ def _digits(key: str) -> int:
     )
 
 
-def write(folder: Path) -> dict:
-    meta_path = folder / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    suites = load(folder)
+def write(folders: list[Path], out: Path) -> dict:
+    """Report the runs of one folder, or pool several passes into out."""
+    suites = load(folders)
     lines = ["# bench-gpu: paged vs tagma under vllm serve", ""]
-    if meta:
-        lines += [
-            f"- stack: {' '.join(meta.get('stack', []))}",
-            f"- GPUs: {'; '.join(meta.get('gpus', []))}",
-            (
-                f"- order: {meta.get('order')} (A = paged, B = tagma), "
-                f"started {meta.get('started')}, wall {meta.get('wall_s')} s"
-            ),
-        ]
-        if meta.get("finished") is False:
-            lines.append(
-                "- **the run did not finish**: runs without run.json are left out"
-            )
-        if meta.get("note"):
-            lines.append(f"- note: {meta['note']}")
-        for e in meta.get("errors", []):
-            lines.append(f"- **stopped**: {e.splitlines()[0]}")
-        for s in meta.get("skipped", []):
-            lines.append(f"- skipped: {s} (not enough GPUs on this host)")
-        lines.append("")
+    lines += _meta_lines(folders)
     summary: dict = {}
     for suite, by_backend in sorted(suites.items()):
         paged, tagma = by_backend.get("paged", []), by_backend.get("tagma", [])
         lines += [f"## {suite}", ""]
         lines.append(
-            f"Runs: paged {[r['run'] for r in paged]}, "
-            f"tagma {[r['run'] for r in tagma]}. "
+            f"Runs: paged [{', '.join(r['label'] for r in paged)}], "
+            f"tagma [{', '.join(r['label'] for r in tagma)}]. "
             "Cells: median (min–max) over the repeats; ratio = tagma / paged. "
             "Goal: tagma >= paged in throughput, <= in p99 TTFT and TPOT; "
             "'within spread' where the two ranges overlap."
@@ -201,7 +239,7 @@ def write(folder: Path) -> dict:
         gates = [r["gate"] for r in paged + tagma if r["gate"] is not None]
         if gates:
             lines.append(
-                f"Correctness gate (greedy token ids equal to run 1): "
+                "Correctness gate (greedy token ids equal to its pass's run 1): "
                 f"{'passed' if all(gates) else 'FAILED'} in {sum(gates)} "
                 f"of {len(gates)} later runs."
             )
@@ -260,34 +298,44 @@ def write(folder: Path) -> dict:
                 )
             lines.append("")
         profs = [
-            (r["backend"], r["profile"]) for r in paged + tagma if r.get("profile")
+            (r["backend"], r["label"], r["profile"])
+            for r in paged + tagma
+            if r.get("profile")
         ]
         if profs:
             lines += [
                 f"### {suite} / per decode step on the GPU (torch.profiler)",
                 "",
                 (
-                    "| backend | steps | step period µs | materialize µs | "
+                    "| backend | run | steps | step period µs | materialize µs | "
                     "slot mapping µs | fused µs | write path µs | share of step |"
                 ),
-                "|---|---|---|---|---|---|---|---|",
+                "|---|---|---|---|---|---|---|---|---|",
             ]
-            for backend, p in profs:
+            for backend, label, p in profs:
                 if not p.get("steps"):
-                    lines.append(f"| {backend} | 0 | {p.get('error')} | | | | | |")
+                    lines.append(
+                        f"| {backend} | {label} | 0 | {p.get('error')} | | | | | |"
+                    )
                     continue
                 lines.append(
-                    f"| {backend} | {p['steps']} | {p['step_period_us']:,.0f} | "
+                    f"| {backend} | {label} | {p['steps']} | "
+                    f"{p['step_period_us']:,.0f} | "
                     f"{p['materialize_us']:.1f} | {p['slot_mapping_us']:.1f} | "
                     f"{p['fused_us']:.1f} | {p['write_path_us']:.1f} | "
                     f"{100 * p['write_path_share']:.3f} % |"
                 )
             lines.append("")
-            summary[suite]["profile"] = {b: p for b, p in profs}
-        _plot(folder, suite, summary[suite])
+            # One profile a backend in the summary: its first run's.
+            summary[suite]["profile"] = {}
+            for b, _, p in profs:
+                summary[suite]["profile"].setdefault(b, p)
+        out.mkdir(parents=True, exist_ok=True)
+        _plot(out, suite, summary[suite])
         lines += [f"![{suite}]({suite}.png)", ""]
-    (folder / "report.md").write_text("\n".join(lines) + "\n")
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -333,6 +381,24 @@ def _plot(folder: Path, suite: str, summary: dict) -> None:
     plt.close(fig)
 
 
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, help="required to pool several folders")
+    args = parser.parse_args()
+    if args.out is None and len(args.folders) > 1:
+        parser.error("pooling several folders needs --out")
+    for folder in args.folders:
+        if not any(folder.glob("*/run*-*/run.json")):
+            parser.error(f"{folder}: no <suite>/run<i>-<backend>/run.json in it")
+    out = args.out or args.folders[0]
+    try:
+        write(args.folders, out)
+    except ValueError as e:
+        parser.error(str(e))
+    print((out / "report.md").read_text())
+    return 0
+
+
 if __name__ == "__main__":
-    write(Path(sys.argv[1]))
-    print((Path(sys.argv[1]) / "report.md").read_text())
+    raise SystemExit(main())

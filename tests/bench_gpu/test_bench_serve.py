@@ -109,6 +109,8 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
         }
         assert [w["workload"] for w in summary["results"]] == ["host-512", "host-1024"]
         assert summary["results"][0]["peak_kv_usage"] == pytest.approx(0.42)
+        # Stored so a report can be rebuilt without the traces (none here).
+        assert all(r["sched"] == {} for r in summary["results"])
         cmd = (out / "1b-host" / run / "server.cmd").read_text()
         assert f"--kv-cache-backend {run.split('-')[1]}" in cmd
     first = json.loads((out / "1b-host/run1-paged/run.json").read_text())
