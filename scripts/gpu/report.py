@@ -39,6 +39,7 @@ SCHED_ROWS = [
     ("sched_p99_us", "scheduler µs/step p99"),
     ("kv_us", "KV manager µs/step"),
     ("kv_p99_us", "KV manager µs/step p99"),
+    ("gc_ms", "engine-core GC ms (window total)"),
     ("runs_mean", "block runs/request (mean)"),
     ("runs_max", "block runs/request (max)"),
     ("ranges_mean", "tagma ranges/request (mean)"),
@@ -64,7 +65,8 @@ def sched_stats(run_dir: Path, window: list[float]) -> dict:
             if len(f) < 7 or not (t0 <= int(f[1]) <= t1):
                 continue
             if f[0] == "S":
-                steps.append([int(x) for x in f[2:7]])
+                # gc_ns (column 8) is in traces from 2026-11-30 on.
+                steps.append([int(x) for x in f[2:8]])
             elif f[0] == "R":
                 samples.append(f[2:])
     out: dict = {}
@@ -77,6 +79,8 @@ def sched_stats(run_dir: Path, window: list[float]) -> dict:
         out["sched_p99_us"] = _p99(sched)
         out["kv_us"] = statistics.median(kv)
         out["kv_p99_us"] = _p99(kv)
+        if len(busy[0]) > 5:
+            out["gc_ms"] = sum(s[5] for s in steps) / 1e6
         out["running"] = statistics.median(s[3] for s in busy)
     if samples:
         out["runs_mean"] = statistics.mean(float(s[1]) for s in samples)

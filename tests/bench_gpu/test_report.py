@@ -128,3 +128,19 @@ def test_sched_stats_from_traces_or_from_run_json(tmp_path):
     assert summary["runs_mean"]["paged"] == pytest.approx(1.5)
     assert summary["sched_us"]["tagma"] == 7.0
     assert summary["sched_us"]["ratio"] == pytest.approx(7.0 / 50.5)
+    assert "gc_ms" not in summary  # traces before the gc column
+
+
+def test_gc_time_is_summed_over_the_window(tmp_path):
+    d = _pass(tmp_path / "a", "AB", [("paged", 1), ("tagma", 1)])
+    rows = [
+        f"S\t{int(15e9) + i}\t1000\t0\t500\t3\t0\t{i * 1000}\tfree\t400"
+        for i in range(1, 11)
+    ]
+    rows.append(f"S\t{int(16e9)}\t1000\t0\t500\t0\t0\t2000000\t-\t0")  # idle
+    rows.append(f"S\t{int(30e9)}\t1000\t0\t500\t3\t0\t9000000\tfree\t400")  # after
+    (d / "s/run1-paged/sched-1.tsv").write_text("\n".join(rows) + "\n")
+    summary = report.write([d], d)["s"]["w"]
+    # 1..10 µs in busy steps + 2 ms in the idle one; the later step is out.
+    assert summary["gc_ms"]["paged"] == pytest.approx(0.055 + 2.0)
+    assert "engine-core GC ms (window total)" in (d / "report.md").read_text()

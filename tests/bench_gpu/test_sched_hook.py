@@ -9,6 +9,7 @@ benchmark's engine core does, and drives the patched tree's Scheduler
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The hook under a name of its own (a real sitecustomize may be loaded); it is
+# inert without TAGMA_SCHED_TRACE.
+_spec = importlib.util.spec_from_file_location(
+    "sched_hook", ROOT / "scripts/gpu/hook/sitecustomize.py"
+)
+assert _spec is not None and _spec.loader is not None
+hook = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hook)
 
 DRIVER = """
 import importlib.util, sys
@@ -28,8 +37,11 @@ s = bench.make_scheduler(sys.argv[2], 16, 4096, 4096)
 make = bench.request_factory("decode", False, 0)
 for _ in range(16):
     s.add_request(make())
-for _ in range(130):
+import gc
+for i in range(130):
     out = s.schedule()
+    if i == 99:
+        gc.collect()  # a collection between schedule and update: step 100's
     s.update_from_output(out, bench.fake_output(out))
 print("runs", bench.runs_per_request(s))
 """
@@ -70,11 +82,17 @@ def test_trace_has_a_row_per_step_and_run_samples(backend, tmp_path):
     steps = [row for row in rows if row[0] == "S"]
     samples = [row for row in rows if row[0] == "R"]
     assert len(steps) == 130
-    for _, _, sched_ns, update_ns, kv_ns, running, waiting in steps:
+    for _, _, sched_ns, update_ns, kv_ns, running, waiting, *rest in steps:
         assert int(sched_ns) > 0 and int(update_ns) > 0
         # The manager's time is inside schedule + update, never beside it.
         assert 0 < int(kv_ns) <= int(sched_ns) + int(update_ns)
         assert int(running) + int(waiting) <= 16
+        gc_ns, kv_top, kv_top_ns = rest
+        assert int(gc_ns) >= 0
+        assert kv_top in hook.KV_METHODS
+        assert 0 < int(kv_top_ns) <= int(kv_ns)
+    # The forced collection lands in the step it happened in.
+    assert int(steps[99][7]) > 0
     assert len(samples) == 2  # steps 64 and 128
     for _, _, n, runs_mean, runs_max, ranges_mean, ranges_max in samples:
         assert int(n) == 16 and float(runs_mean) >= 1 and int(runs_max) >= 1

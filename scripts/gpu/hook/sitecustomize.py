@@ -8,19 +8,24 @@ when it imports vLLM's scheduler, gets Scheduler.schedule,
 Scheduler.update_from_output and the KV-cache manager's entry points wrapped
 with perf_counter_ns. Each process appends to DIR/sched-<pid>.tsv:
 
-  S  wall_ns  schedule_ns  update_ns  kv_ns  running  waiting   (one a step)
+  S  wall_ns  schedule_ns  update_ns  kv_ns  running  waiting  gc_ns
+     kv_top  kv_top_ns                                         (one a step)
   R  wall_ns  requests  runs_mean  runs_max  ranges_mean  ranges_max
 
 R rows sample, every RUNS_EVERY steps, the contiguous runs of block ids that
 each running request holds (any backend) and, for tagma, the manager's own
 range count. kv_ns is the time inside the manager, nested calls counted once;
-it is part of schedule_ns/update_ns, not added to them. Without
-TAGMA_SCHED_TRACE this module only chains to any other sitecustomize.
+it is part of schedule_ns/update_ns, not added to them. gc_ns is the time
+the process spent in garbage collection since the previous step, and kv_top
+the manager entry point that took the most of kv_ns (kv_top_ns): what a slow
+step spent its time on. Without TAGMA_SCHED_TRACE this module only chains to
+any other sitecustomize.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -51,14 +56,29 @@ class _Trace:
         self.out = open(path, "a")  # noqa: SIM115 (lives as long as the process)
         atexit.register(self.out.flush)
         self.sched_ns = self.kv_ns = self.depth = self.steps = 0
+        self.gc_ns = self.gc_t0 = 0
+        self.kv_by_name: dict[str, int] = {}
+        gc.callbacks.append(self.on_gc)
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.gc_t0 = time.perf_counter_ns()
+        elif self.gc_t0:
+            self.gc_ns += time.perf_counter_ns() - self.gc_t0
+            self.gc_t0 = 0
 
     def step(self, sched: Any, update_ns: int) -> None:
         self.steps += 1
+        top, top_ns = max(
+            self.kv_by_name.items(), key=lambda kv: kv[1], default=("-", 0)
+        )
         self.out.write(
             f"S\t{time.time_ns()}\t{self.sched_ns}\t{update_ns}\t{self.kv_ns}\t"
-            f"{len(sched.running)}\t{len(sched.waiting)}\n"
+            f"{len(sched.running)}\t{len(sched.waiting)}\t{self.gc_ns}\t"
+            f"{top}\t{top_ns}\n"
         )
-        self.sched_ns = self.kv_ns = 0
+        self.sched_ns = self.kv_ns = self.gc_ns = 0
+        self.kv_by_name.clear()
         if self.steps % RUNS_EVERY == 0:
             self.sample_runs(sched)
         if self.steps % FLUSH_EVERY == 0:
@@ -90,7 +110,7 @@ class _Trace:
         )
 
 
-def _timed_kv(trace: _Trace, fn: Any) -> Any:
+def _timed_kv(trace: _Trace, name: str, fn: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if trace.depth:
             return fn(*args, **kwargs)
@@ -99,7 +119,9 @@ def _timed_kv(trace: _Trace, fn: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
-            trace.kv_ns += time.perf_counter_ns() - t0
+            ns = time.perf_counter_ns() - t0
+            trace.kv_ns += ns
+            trace.kv_by_name[name] = trace.kv_by_name.get(name, 0) + ns
             trace.depth = 0
 
     return wrapper
@@ -116,7 +138,7 @@ def _instrument(cls: Any, folder: str) -> None:
         for name in KV_METHODS:
             fn = getattr(self.kv_cache_manager, name, None)
             if fn is not None:
-                setattr(self.kv_cache_manager, name, _timed_kv(trace, fn))
+                setattr(self.kv_cache_manager, name, _timed_kv(trace, name, fn))
 
     def timed_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
