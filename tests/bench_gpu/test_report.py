@@ -144,3 +144,19 @@ def test_gc_time_is_summed_over_the_window(tmp_path):
     # 1..10 µs in busy steps + 2 ms in the idle one; the later step is out.
     assert summary["gc_ms"]["paged"] == pytest.approx(0.055 + 2.0)
     assert "engine-core GC ms (window total)" in (d / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "name, passes",
+    [
+        ("8b-16k-128k", ["."]),
+        ("8b-tp2", ["."]),
+        ("1b-host", ["pass1", "pass2"]),
+    ],
+)
+def test_published_reports_rebuild_from_their_run_json(name, passes, tmp_path):
+    """results/serve-h200 (what the README cites) is report.py's own output."""
+    published = ROOT / "results/serve-h200" / name
+    report.write([published / p for p in passes], tmp_path)
+    for f in ("report.md", "summary.json"):
+        assert (tmp_path / f).read_text() == (published / f).read_text(), f
