@@ -12,7 +12,9 @@ of a fixed prompt set, which must equal the first run's), then each workload
 through `vllm bench serve` while /metrics is sampled (peak KV usage,
 preemptions), and, in the first A and first B run, a torch.profiler window of
 decode steps. Everything but the backend is the same: model, seed, requests,
-flags, GPU. With several GPUs, suites that fit run side by side, one GPU each.
+flags, GPU. A lower-case letter in --order (aABBA) adds a warm-up run that
+the report leaves out: the first server on a fresh host runs slower. With
+several GPUs, suites that fit run side by side, one GPU each.
 
 Per run: server.log, <workload>.json (vllm bench serve's result + what this
 script measured), gate.json, profile.json, sched-*.tsv (scheduler-thread
@@ -455,19 +457,22 @@ def run_one(
     out: Path,
     port: int,
     reference: dict,
+    warmup: bool = False,
+    profile: bool = False,
 ) -> None:
     backend = BACKENDS[letter]
     run_dir = out / suite.name / f"run{index + 1}-{backend}"
+    tag = f"{suite.name} run {index + 1} ({backend}{', warm-up' if warmup else ''})"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     model_dir = paths["data"] / "models" / suite.model
     env = {**env, "TAGMA_SCHED_TRACE": str(run_dir)}
-    log(f"{suite.name} run {index + 1} ({backend}): starting the server")
+    log(f"{tag}: starting the server")
     server = Server(suite, backend, env, port, model_dir, run_dir)
     try:
         ready = server.wait_ready(900)
         cap = capacity(server.log)
-        log(f"{suite.name} run {index + 1} ({backend}): ready in {ready:.0f} s, {cap}")
+        log(f"{tag}: ready in {ready:.0f} s, {cap}")
         ids = run_gate(server, model_dir, suite)
         gate = {"token_ids": ids}
         if "ids" in reference:
@@ -487,7 +492,7 @@ def run_one(
             r = run_bench(wl, server, env, model_dir, paths["data"], run_dir, False)
             b = r["bench"]
             log(
-                f"{suite.name} run {index + 1} ({backend}) {wl.name}: "
+                f"{tag} {wl.name}: "
                 f"{b.get('total_token_throughput', 0):.0f} tok/s, "
                 f"TTFT p99 {b.get('p99_ttft_ms', 0):.0f} ms, "
                 f"TPOT p99 {b.get('p99_tpot_ms', 0):.1f} ms, "
@@ -495,8 +500,8 @@ def run_one(
             )
             results.append(r)
         prof = None
-        if suite.profile is not None and index < 2:
-            log(f"{suite.name} run {index + 1} ({backend}): profiler window")
+        if suite.profile is not None and profile:
+            log(f"{tag}: profiler window")
             run_bench(
                 suite.profile,
                 server,
@@ -508,10 +513,7 @@ def run_one(
             )
             prof = profile_trace.summarize_dir(run_dir / "trace", wait_s=60)
             (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
-            log(
-                f"{suite.name} run {index + 1} ({backend}): "
-                f"profile {profile_trace.brief(prof)}"
-            )
+            log(f"{tag}: profile {profile_trace.brief(prof)}")
     finally:
         server.stop()
     # run.json carries the scheduler numbers too, so a report can be rebuilt
@@ -521,6 +523,7 @@ def run_one(
     summary = {
         "suite": suite.name,
         "run": index + 1,
+        "warmup": warmup,
         "backend": backend,
         "startup_s": ready,
         "capacity": cap,
@@ -542,11 +545,30 @@ def run_suite(
     deadline: float,
 ) -> None:
     reference: dict = {}
+    profiled: set[str] = set()
     try:
         for i, letter in enumerate(order):
             if time.monotonic() > deadline:
                 raise BenchError(f"time budget spent before run {i + 1} (--budget-s)")
-            run_one(suite, i, letter, env, paths, out, port, reference)
+            # A lower-case letter is a warm-up run: measured like the others
+            # (and the gate's reference when first) but left out of the report.
+            warmup = letter.islower()
+            backend = BACKENDS[letter.upper()]
+            profile = not warmup and backend not in profiled
+            run_one(
+                suite,
+                i,
+                letter.upper(),
+                env,
+                paths,
+                out,
+                port,
+                reference,
+                warmup=warmup,
+                profile=profile,
+            )
+            if profile:
+                profiled.add(backend)
     except BenchError as e:
         errors.append(f"{suite.name}: {e}")
         log(f"STOP {suite.name}: {e}")
@@ -594,7 +616,12 @@ def main() -> int:
     )
     parser.add_argument("--suites", default="8b-16k,8b-128k,1b-host,8b-tp2")
     parser.add_argument("--gpus", default="", help="GPU indices (default: all)")
-    parser.add_argument("--order", default="ABBA", help="A = paged, B = tagma")
+    parser.add_argument(
+        "--order",
+        default="ABBA",
+        help="A = paged, B = tagma; lower case = a warm-up run left out of the "
+        "report (e.g. aABBA)",
+    )
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -613,8 +640,11 @@ def main() -> int:
         unknown = [n for n in names if n not in SUITES]
         if unknown:
             raise BenchError(f"unknown suite(s) {unknown}; known: {', '.join(SUITES)}")
-        if set(args.order) - set(BACKENDS):
-            raise BenchError(f"--order takes A (paged) and B (tagma), got {args.order}")
+        if not args.order or set(args.order.upper()) - set(BACKENDS):
+            raise BenchError(
+                f"--order takes A (paged) and B (tagma), lower case for a "
+                f"warm-up run, got {args.order!r}"
+            )
         shown = check_gpus(1)
         gpus = (
             [int(g) for g in args.gpus.split(",")]

@@ -103,7 +103,8 @@ def load(folders: list[Path]) -> dict:
                 if any(run_json.parent.glob("sched-*.tsv")) or "sched" not in r:
                     r["sched"] = sched_stats(run_json.parent, r["window"])
             by_backend = suites.setdefault(run["suite"], {})
-            by_backend.setdefault(run["backend"], []).append(run)
+            key = "warmup" if run.get("warmup") else run["backend"]
+            by_backend.setdefault(key, []).append(run)
     return suites
 
 
@@ -233,10 +234,16 @@ def write(folders: list[Path], out: Path) -> dict:
     for suite, by_backend in sorted(suites.items()):
         paged, tagma = by_backend.get("paged", []), by_backend.get("tagma", [])
         lines += [f"## {suite}", ""]
+        warm = by_backend.get("warmup", [])
         lines.append(
             f"Runs: paged [{', '.join(r['label'] for r in paged)}], "
-            f"tagma [{', '.join(r['label'] for r in tagma)}]. "
-            "Cells: median (min–max) over the repeats; ratio = tagma / paged. "
+            f"tagma [{', '.join(r['label'] for r in tagma)}]"
+            + (
+                f", warm-up (left out) [{', '.join(r['label'] for r in warm)}]. "
+                if warm
+                else ". "
+            )
+            + "Cells: median (min–max) over the repeats; ratio = tagma / paged. "
             "Goal: tagma >= paged in throughput, <= in p99 TTFT and TPOT; "
             "'within spread' where the two ranges overlap."
         )

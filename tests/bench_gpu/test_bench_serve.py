@@ -129,6 +129,41 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
     assert (out / "1b-host.png").exists()
 
 
+def test_warmup_run_is_the_gate_reference_but_left_out_of_the_report(
+    fake_bundle, gpu_path, tmp_path
+):
+    out = tmp_path / "out"
+    r = _bench(
+        fake_bundle,
+        out,
+        tmp_path / "dest",
+        gpu_path,
+        "--suites",
+        "1b-host",
+        "--order",
+        "bAB",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1b-host run 1 (tagma, warm-up): starting the server" in r.stdout
+    runs = {
+        p.name: json.loads((p / "run.json").read_text())
+        for p in (out / "1b-host").iterdir()
+    }
+    assert sorted(runs) == ["run1-tagma", "run2-paged", "run3-tagma"]
+    assert [runs[k]["warmup"] for k in sorted(runs)] == [True, False, False]
+    # The gate compares with the warm-up run; the profile skips it.
+    assert runs["run1-tagma"]["gate"] is None and runs["run1-tagma"]["profile"] is None
+    assert runs["run2-paged"]["gate"] is True and runs["run3-tagma"]["gate"] is True
+    assert runs["run2-paged"]["profile"] and runs["run3-tagma"]["profile"]
+    report = (out / "report.md").read_text()
+    assert "Runs: paged [2], tagma [3], warm-up (left out) [1]." in report
+    assert "passed in 2 of 2 later runs" in report
+    r = _bench(
+        fake_bundle, out, tmp_path / "dest", gpu_path, "--order", "AXB", "--no-report"
+    )
+    assert r.returncode == 1 and "--order takes A (paged) and B (tagma)" in r.stderr
+
+
 def test_dead_server_stops_the_suite_with_its_log(fake_bundle, gpu_path, tmp_path):
     r = _bench(
         fake_bundle,
