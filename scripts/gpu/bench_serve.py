@@ -425,13 +425,19 @@ def run_bench(
     sampler = MetricsSampler(server.url)
     sampler.start()
     t0 = time.time()
+    marks: dict[str, float] = {}
     with open(run_dir / f"{wl.name}.bench.log", "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        copier = threading.Thread(target=_copy_marking, args=(proc, out, marks))
+        copier.start()
         while proc.poll() is None:
             if not _alive(server.proc):
                 proc.kill()
                 break
             time.sleep(0.5)
+        copier.join()
     t1 = time.time()
     extra = sampler.finish()
     server.check_alive(wl.name)
@@ -445,7 +451,32 @@ def run_bench(
     # The per-request lists stay in <workload>.bench.json; run.json keeps
     # the summary.
     result = {k: v for k, v in result.items() if not isinstance(v, list)}
-    return {"workload": wl.name, "window": [t0, t1], "bench": result, **extra}
+    out_r = {
+        "workload": wl.name,
+        "window": [t0, t1],
+        "warmups": wl.warmups,
+        "bench": result,
+        **extra,
+    }
+    if MAIN_RUN in marks:
+        # From the main run's start: the bench's own start-up, single-prompt
+        # test and warm-up requests are not the workload.
+        out_r["main_window"] = [marks[MAIN_RUN], t1]
+    return out_r
+
+
+# The line `vllm bench serve` prints once its warm-up requests are done.
+MAIN_RUN = "Starting main benchmark run"
+
+
+def _copy_marking(proc: subprocess.Popen, out, marks: dict[str, float]) -> None:
+    """Copy the bench's output to its log, noting when the main run starts."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(MAIN_RUN) and MAIN_RUN not in marks:
+            marks[MAIN_RUN] = time.time()
+        out.write(line)
+        out.flush()
 
 
 def run_one(
@@ -519,7 +550,7 @@ def run_one(
     # run.json carries the scheduler numbers too, so a report can be rebuilt
     # from run.json files alone (the traces are left behind on the host).
     for r in results:
-        r["sched"] = report.sched_stats(run_dir, r["window"])
+        r["sched"] = report.sched_stats(run_dir, r)
     summary = {
         "suite": suite.name,
         "run": index + 1,

@@ -9,8 +9,10 @@
 # the command that started it; results and its log go to $DETACH_DIR
 # (default /tmp/tagma-bench-run). poll: waits up to SECONDS for the run to
 # finish, prints the log's tail, and packs the results (traces left out) into
-# TARBALL, so one file carries them back. Exit code 0 once the run is done
-# (make's own code is printed), 3 while it still runs.
+# TARBALL (tar.xz), so one file carries them back; past $DETACH_PART_BYTES
+# (default 15 MiB, under the device tool's 16 MiB a file) it is split into
+# TARBALL.part00, .part01, ...: `cat TARBALL.part* | tar -xJf -`. Exit code 0
+# once the run is done (make's own code is printed), 3 while it still runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=${DETACH_DIR:-/tmp/tagma-bench-run}
@@ -36,7 +38,13 @@ case ${1:-} in
       sleep 1
     done
     tail -n 40 "$dir/bench.log"
-    tar -czf "$tarball" --exclude=trace -C "$dir" results bench.log
+    rm -f "$tarball" "$tarball".part*
+    XZ_OPT=${XZ_OPT:--T0} tar -cJf "$tarball" --exclude=trace -C "$dir" results bench.log
+    part=${DETACH_PART_BYTES:-15728640}
+    if [ "$(stat -c %s "$tarball")" -gt "$part" ]; then
+      split -b "$part" -d "$tarball" "$tarball.part" && rm "$tarball"
+      echo "packed in $(ls "$tarball".part* | wc -l) parts: cat $tarball.part* | tar -xJf -"
+    fi
     if [ ! -f "$dir/rc" ]; then echo "still running"; exit 3; fi
     echo "finished (make exit code $(cat "$dir/rc"))"
     ;;

@@ -35,6 +35,9 @@ METRICS = [
 ]
 # sched_stats() keys shown per workload.
 SCHED_ROWS = [
+    ("engine_tok_s", "engine output tok/s (main run)"),
+    ("sched_us_tok", "scheduler µs per output token"),
+    ("kv_us_tok", "KV manager µs per output token"),
     ("sched_us", "scheduler µs/step"),
     ("sched_p99_us", "scheduler µs/step p99"),
     ("kv_us", "KV manager µs/step"),
@@ -55,21 +58,63 @@ def _p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
 
 
-def sched_stats(run_dir: Path, window: list[float]) -> dict:
-    """Scheduler-thread numbers of the steps inside a workload's window."""
-    t0, t1 = int(window[0] * 1e9), int(window[1] * 1e9)
-    steps, samples = [], []
+# vllm bench serve's default --num-warmups, for results that predate
+# run.json's own record of it.
+DEFAULT_WARMUPS = 8
+
+
+def main_run(rows: list[list[str]], result: dict) -> tuple[int, int] | None:
+    """The main run's span (ns) in a workload's trace rows, or None if idle.
+
+    result["window"] is the `vllm bench serve` process's lifetime, which also
+    holds its start-up, single-prompt test and warm-up requests (hundreds of
+    steps with a handful running). The main run starts where the harness saw
+    the bench say so (result["main_window"]); in results from before that
+    mark, at the first step with more requests than the warm-up sends. It
+    ends at the last step with requests running: the front end may deliver
+    the last tokens well after that (1b-host: 6-12 s).
+    """
+    steps = [(int(f[1]), int(f[5]), int(f[6])) for f in rows if f[0] == "S"]
+    busy = [t for t, running, _ in steps if running > 0]
+    if not busy:
+        return None
+    if "main_window" in result:
+        start = int(result["main_window"][0] * 1e9)
+    else:
+        warmups = result.get("warmups", DEFAULT_WARMUPS)
+        crowded = [t for t, running, waiting in steps if running + waiting > warmups]
+        start = min(crowded) if crowded else min(t for t, _, _ in steps)
+    return start, max(busy)
+
+
+def sched_stats(run_dir: Path, result: dict) -> dict:
+    """Scheduler-thread numbers of the steps of a workload's main run."""
+    t0, t1 = (int(t * 1e9) for t in result["window"])
+    rows: list[list[str]] = []
     for tsv in run_dir.glob("sched-*.tsv"):
         for line in tsv.read_text().splitlines():
             f = line.split("\t")
-            if len(f) < 7 or not (t0 <= int(f[1]) <= t1):
-                continue
-            if f[0] == "S":
-                # gc_ns (column 8) is in traces from 2026-11-30 on.
-                steps.append([int(x) for x in f[2:8]])
-            elif f[0] == "R":
-                samples.append(f[2:])
+            if len(f) >= 7 and t0 <= int(f[1]) <= t1:
+                rows.append(f)
+    span = main_run(rows, result)
+    if span is None:
+        return {}
+    t0, t1 = span
+    steps, samples = [], []
+    for f in rows:
+        if not (t0 <= int(f[1]) <= t1):
+            continue
+        if f[0] == "S":
+            # gc_ns (column 8) is in traces from 2026-11-30 on.
+            steps.append([int(x) for x in f[2:8]])
+        elif f[0] == "R":
+            samples.append(f[2:])
     out: dict = {}
+    tokens = result.get("bench", {}).get("total_output_tokens")
+    if tokens and t1 > t0:
+        # What the engine generated per second, whatever the front end made
+        # of it: the main run's output tokens over its span on the engine.
+        out["engine_tok_s"] = tokens / ((t1 - t0) / 1e9)
     busy = [s for s in steps if s[3] > 0]  # steps with running requests
     if busy:
         out["steps"] = len(busy)
@@ -82,6 +127,12 @@ def sched_stats(run_dir: Path, window: list[float]) -> dict:
         if len(busy[0]) > 5:
             out["gc_ms"] = sum(s[5] for s in steps) / 1e6
         out["running"] = statistics.median(s[3] for s in busy)
+        if tokens:
+            # Per token, not per step: batches differ between runs (the
+            # median step held 190-670 requests in 1b-host), work per token
+            # does not.
+            out["sched_us_tok"] = sum(s[0] + s[1] for s in steps) / 1e3 / tokens
+            out["kv_us_tok"] = sum(s[2] for s in steps) / 1e3 / tokens
     if samples:
         out["runs_mean"] = statistics.mean(float(s[1]) for s in samples)
         out["runs_max"] = max(int(s[2]) for s in samples)
@@ -101,7 +152,7 @@ def load(folders: list[Path]) -> dict:
             for r in run["results"]:
                 # The traces win where present; else what the harness stored.
                 if any(run_json.parent.glob("sched-*.tsv")) or "sched" not in r:
-                    r["sched"] = sched_stats(run_json.parent, r["window"])
+                    r["sched"] = sched_stats(run_json.parent, r)
             by_backend = suites.setdefault(run["suite"], {})
             key = "warmup" if run.get("warmup") else run["backend"]
             by_backend.setdefault(key, []).append(run)
@@ -220,7 +271,8 @@ def workload_rows(paged: list[dict], tagma: list[dict], name: str) -> list[dict]
 def _digits(key: str) -> int:
     return (
         0
-        if "throughput" in key or key in ("preemptions", "runs_max", "ranges_max")
+        if "throughput" in key
+        or key in ("engine_tok_s", "preemptions", "runs_max", "ranges_max")
         else 2
     )
 

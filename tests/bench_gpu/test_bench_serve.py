@@ -111,6 +111,12 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
         assert summary["results"][0]["peak_kv_usage"] == pytest.approx(0.42)
         # Stored so a report can be rebuilt without the traces (none here).
         assert all(r["sched"] == {} for r in summary["results"])
+        # The main run starts after the bench's warm-up, inside its window.
+        for r in summary["results"]:
+            start, end = r["main_window"]
+            assert r["window"][0] + 0.3 <= start < end == r["window"][1]
+        log = (out / "1b-host" / run / "host-512.bench.log").read_text()
+        assert "Starting main benchmark run..." in log and "Benchmark done" in log
         cmd = (out / "1b-host" / run / "server.cmd").read_text()
         assert f"--kv-cache-backend {run.split('-')[1]}" in cmd
     first = json.loads((out / "1b-host/run1-paged/run.json").read_text())
@@ -265,7 +271,7 @@ def test_detached_run_outlives_its_command_and_packs_results(
         timeout=60,
     )
     assert start.returncode == 0, start.stderr
-    tarball = tmp_path / "results.tgz"
+    tarball = tmp_path / "results.tar.xz"
     poll = subprocess.run(
         ["bash", script, "poll", "240", str(tarball)],
         env=env,
@@ -275,9 +281,30 @@ def test_detached_run_outlives_its_command_and_packs_results(
     )
     assert poll.returncode == 0, poll.stdout + poll.stderr
     assert "finished" in poll.stdout
-    listing = subprocess.run(
-        ["tar", "-tzf", str(tarball)], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert "results/report.md" in listing
-    assert "results/1b-host/run4-paged/run.json" in listing
-    assert not any("/trace/" in name for name in listing)
+
+    def listing(data: bytes) -> list[str]:
+        return (
+            subprocess.run(
+                ["tar", "-tJf", "-"], input=data, capture_output=True, check=True
+            )
+            .stdout.decode()
+            .split()
+        )
+
+    names = listing(tarball.read_bytes())
+    assert "results/report.md" in names
+    assert "results/1b-host/run4-paged/run.json" in names
+    assert not any("/trace/" in name for name in names)
+    # Past the part size the pack comes in parts that join into the same.
+    poll = subprocess.run(
+        ["bash", script, "poll", "1", str(tarball)],
+        env={**env, "DETACH_PART_BYTES": "1024"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert poll.returncode == 0 and "parts: cat" in poll.stdout
+    parts = sorted(tmp_path.glob("results.tar.xz.part*"))
+    assert len(parts) > 1 and not tarball.exists()
+    assert all(p.stat().st_size <= 1024 for p in parts)
+    assert listing(b"".join(p.read_bytes() for p in parts)) == names

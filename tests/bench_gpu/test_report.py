@@ -114,7 +114,7 @@ def test_sched_stats_from_traces_or_from_run_json(tmp_path):
     ]
     rows.append(f"S\t{int(30e9)}\t9999999\t0\t9999999\t3\t0")
     rows.append(f"S\t{int(16e9)}\t9999999\t0\t9999999\t0\t0")
-    rows.append(f"R\t{int(15e9)}\t2\t1.5\t2\t1.5\t2")
+    rows.append(f"R\t{int(15e9) + 50}\t2\t1.5\t2\t1.5\t2")
     (d / "s/run1-paged/sched-1.tsv").write_text("\n".join(rows) + "\n")
     # run2 has no trace, only the stats the harness stored in run.json.
     run2 = d / "s/run2-tagma/run.json"
@@ -137,11 +137,12 @@ def test_gc_time_is_summed_over_the_window(tmp_path):
         f"S\t{int(15e9) + i}\t1000\t0\t500\t3\t0\t{i * 1000}\tfree\t400"
         for i in range(1, 11)
     ]
-    rows.append(f"S\t{int(16e9)}\t1000\t0\t500\t0\t0\t2000000\t-\t0")  # idle
+    rows.append(f"S\t{int(15e9) + 5}\t1000\t0\t500\t0\t0\t2000000\t-\t0")  # idle
     rows.append(f"S\t{int(30e9)}\t1000\t0\t500\t3\t0\t9000000\tfree\t400")  # after
     (d / "s/run1-paged/sched-1.tsv").write_text("\n".join(rows) + "\n")
     summary = report.write([d], d)["s"]["w"]
-    # 1..10 µs in busy steps + 2 ms in the idle one; the later step is out.
+    # 1..10 µs in busy steps + 2 ms in the idle one between them; the step
+    # after the main run is out.
     assert summary["gc_ms"]["paged"] == pytest.approx(0.055 + 2.0)
     assert "engine-core GC ms (window total)" in (d / "report.md").read_text()
 
@@ -160,3 +161,37 @@ def test_published_reports_rebuild_from_their_run_json(name, passes, tmp_path):
     report.write([published / p for p in passes], tmp_path)
     for f in ("report.md", "summary.json"):
         assert (tmp_path / f).read_text() == (published / f).read_text(), f
+
+
+def test_sched_stats_keep_the_main_run_only(tmp_path):
+    """Warm-up steps (few running) before the main run are left out."""
+    d = _pass(tmp_path / "a", "AB", [("paged", 1), ("tagma", 1)])
+    s = 1_000_000_000
+    rows = [f"S\t{11 * s + i * s // 10}\t900000\t0\t1000\t1\t0" for i in range(30)]
+    rows += [f"S\t{15 * s + i * s // 10}\t3000\t0\t2000\t100\t0" for i in range(21)]
+    rows.append(f"S\t{18 * s}\t500\t0\t100\t0\t0")  # idle, after the main run
+    run_dir = d / "s/run1-paged"
+    (run_dir / "sched-1.tsv").write_text("\n".join(rows) + "\n")
+    run = json.loads((run_dir / "run.json").read_text())
+    run["results"][0]["bench"]["total_output_tokens"] = 4000
+    (run_dir / "run.json").write_text(json.dumps(run))
+    paged = report.write([d], d)["s"]["w"]
+    # No mark from the harness: the main run starts with the first step
+    # holding more requests than the default warm-up (8), at 15 s.
+    assert paged["sched_us"]["paged"] == pytest.approx(3.0)
+    assert paged["sched_p99_us"]["paged"] == pytest.approx(3.0)
+    # 4,000 tokens over 15 s .. 17 s on the engine; 21 steps of 3 µs
+    # (KV 2 µs) spread over them.
+    assert paged["engine_tok_s"]["paged"] == pytest.approx(2000.0)
+    assert paged["sched_us_tok"]["paged"] == pytest.approx(21 * 3.0 / 4000)
+    assert paged["kv_us_tok"]["paged"] == pytest.approx(21 * 2.0 / 4000)
+    result = {"window": [10.0, 20.0], "bench": {"total_output_tokens": 4000}}
+    assert report.sched_stats(run_dir, result)["steps"] == 21
+    # A warm-up as large as the workload: no step stands out, all count.
+    whole = report.sched_stats(run_dir, {**result, "warmups": 100})
+    assert whole["steps"] == 51 and whole["sched_us"] == pytest.approx(900.0)
+    # The harness's mark of the main run's start wins.
+    marked = report.sched_stats(run_dir, {**result, "main_window": [12.0, 20.0]})
+    assert marked["steps"] == 20 + 21  # warm-up steps from 12 s on, the main run
+    assert marked["engine_tok_s"] == pytest.approx(4000 / 5.0)
+    assert report.sched_stats(run_dir, {"window": [19.0, 20.0]}) == {}
