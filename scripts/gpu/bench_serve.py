@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -605,6 +606,19 @@ def run_suite(
         log(f"STOP {suite.name}: {e}")
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct ports nothing listens on now (fixed ones clash with other
+    servers on the host); all are held while picking, so none repeats."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def check_gpus(need: int) -> list[str]:
     if shutil.which("nvidia-smi") is None:
         raise BenchError(
@@ -726,6 +740,7 @@ def main() -> int:
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     for wave in plan(suites, gpus):
         threads = []
+        ports = free_ports(len(wave))
         for k, (suite, devs) in enumerate(wave):
             env = {
                 **base_env,
@@ -742,7 +757,7 @@ def main() -> int:
                     env,
                     paths,
                     out,
-                    8100 + 10 * k,
+                    ports[k],
                     errors,
                     deadline,
                 ),

@@ -227,6 +227,18 @@ def test_suites_share_gpus_in_waves():
     assert bench_serve.plan([s["8b-tp2"]], [0]) == []
 
 
+def test_side_by_side_suites_get_distinct_free_ports():
+    import socket
+
+    import bench_serve
+
+    ports = bench_serve.free_ports(4)
+    assert len(set(ports)) == 4
+    for port in ports:  # free: each can be bound right away
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
 def test_profile_steps_are_delimited_by_slot_mapping_launches():
     kernels = []
     for i in range(4):
