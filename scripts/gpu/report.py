@@ -48,6 +48,7 @@ SCHED_ROWS = [
     ("ranges_mean", "tagma ranges/request (mean)"),
     ("ranges_max", "tagma ranges/request (max)"),
 ]
+PLOTTED_SCHED = ("engine_tok_s", "sched_us_tok", "kv_us_tok")
 # The bar: throughput >= 1.00, p99 TTFT and TPOT <= 1.00.
 GOALS = {"total_token_throughput": 1.0, "p99_ttft_ms": 1.0, "p99_tpot_ms": 1.0}
 
@@ -413,7 +414,15 @@ def _plot(folder: Path, suite: str, summary: dict) -> None:
     workloads = [w for w in summary if w != "profile"]
     keys = [k for k, _, _ in METRICS]
     labels = [label for _, label, _ in METRICS]
-    fig, ax = plt.subplots(figsize=(10, 4))
+    # The engine-side rows, where the trace measured them: what the client's
+    # numbers cannot show when the front end is the bottleneck.
+    for key, label in SCHED_ROWS:
+        if key in PLOTTED_SCHED and any(
+            summary[w].get(key, {}).get("ratio") for w in workloads
+        ):
+            keys.append(key)
+            labels.append(label)
+    fig, ax = plt.subplots(figsize=(12 if len(keys) > 9 else 10, 4))
     width = 0.8 / max(1, len(workloads))
     for i, w in enumerate(workloads):
         ys = [summary[w].get(k, {}).get("ratio") or 0 for k in keys]
@@ -436,7 +445,7 @@ def _plot(folder: Path, suite: str, summary: dict) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(workloads) - 1) / 2 for x in range(len(keys))])
     ax.set_xticklabels(labels, rotation=30, ha="right")
-    ax.set_ylabel("tagma / paged (median; bars: pairwise range)")
+    ax.set_ylabel("tagma / paged\n(median; bars: pairwise range)")
     ax.set_title(f"{suite}: tagma over paged (1.0 = parity)")
     ax.legend(fontsize=8)
     fig.tight_layout()
