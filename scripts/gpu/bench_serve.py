@@ -209,6 +209,7 @@ class Server:
         model_dir: Path,
         run_dir: Path,
     ) -> None:
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = run_dir / "server.log"
         trace_dir = run_dir / "trace"
@@ -388,7 +389,6 @@ def run_bench(
     run_dir: Path,
     profile: bool,
 ) -> dict:
-    port = server.url.rsplit(":", 1)[1]
     args = [a.replace("{data}", str(data)) for a in wl.args]
     cmd = [
         *VLLM,
@@ -399,7 +399,7 @@ def run_bench(
         "--model",
         str(model_dir),
         "--port",
-        port,
+        str(server.port),
         "--seed",
         "0",
         "--ignore-eos",
@@ -427,7 +427,8 @@ def run_bench(
     sampler.start()
     t0 = time.time()
     marks: dict[str, float] = {}
-    with open(run_dir / f"{wl.name}.bench.log", "w") as out:
+    bench_log = run_dir / f"{wl.name}.bench.log"
+    with open(bench_log, "w") as out:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -442,7 +443,6 @@ def run_bench(
     t1 = time.time()
     extra = sampler.finish()
     server.check_alive(wl.name)
-    bench_log = run_dir / f"{wl.name}.bench.log"
     if proc.returncode != 0:
         raise BenchError(
             f"vllm bench serve failed for {wl.name} (exit {proc.returncode}); "
@@ -483,7 +483,7 @@ def _copy_marking(proc: subprocess.Popen, out, marks: dict[str, float]) -> None:
 def run_one(
     suite: Suite,
     index: int,
-    letter: str,
+    backend: str,
     env: dict[str, str],
     paths: dict,
     out: Path,
@@ -492,7 +492,6 @@ def run_one(
     warmup: bool = False,
     profile: bool = False,
 ) -> None:
-    backend = BACKENDS[letter]
     run_dir = out / suite.name / f"run{index + 1}-{backend}"
     tag = f"{suite.name} run {index + 1} ({backend}{', warm-up' if warmup else ''})"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -509,16 +508,15 @@ def run_one(
         gate = {"token_ids": ids}
         if "ids" in reference:
             gate["equal_to_run1"] = ids == reference["ids"]
-            if not gate["equal_to_run1"]:
-                (run_dir / "gate.json").write_text(json.dumps(gate))
-                raise BenchError(
-                    f"correctness gate failed: greedy token ids under {backend} "
-                    "differ from "
-                    f"run 1 ({reference['backend']}); see {run_dir / 'gate.json'}"
-                )
         else:
             reference.update(ids=ids, backend=backend)
         (run_dir / "gate.json").write_text(json.dumps(gate))
+        if gate.get("equal_to_run1") is False:
+            raise BenchError(
+                f"correctness gate failed: greedy token ids under {backend} "
+                f"differ from run 1 ({reference['backend']}); "
+                f"see {run_dir / 'gate.json'}"
+            )
         results = []
         for wl in suite.workloads:
             r = run_bench(wl, server, env, model_dir, paths["data"], run_dir, False)
@@ -550,8 +548,9 @@ def run_one(
         server.stop()
     # run.json carries the scheduler numbers too, so a report can be rebuilt
     # from run.json files alone (the traces are left behind on the host).
+    trace = report.read_trace(run_dir)
     for r in results:
-        r["sched"] = report.sched_stats(run_dir, r)
+        r["sched"] = report.sched_stats(trace, r)
     summary = {
         "suite": suite.name,
         "run": index + 1,
@@ -590,7 +589,7 @@ def run_suite(
             run_one(
                 suite,
                 i,
-                letter.upper(),
+                backend,
                 env,
                 paths,
                 out,
@@ -735,13 +734,12 @@ def main() -> int:
         "skipped": skipped,
         "stack": (paths["site"] / "TAGMA_STACK").read_text().split(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "finished": False,
     }
-    meta["finished"] = False
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     for wave in plan(suites, gpus):
         threads = []
-        ports = free_ports(len(wave))
-        for k, (suite, devs) in enumerate(wave):
+        for (suite, devs), port in zip(wave, free_ports(len(wave)), strict=True):
             env = {
                 **base_env,
                 "CUDA_VISIBLE_DEVICES": ",".join(map(str, devs)),
@@ -757,7 +755,7 @@ def main() -> int:
                     env,
                     paths,
                     out,
-                    ports[k],
+                    port,
                     errors,
                     deadline,
                 ),

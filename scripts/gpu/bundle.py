@@ -333,11 +333,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    pieces: dict[str, dict[str, Any]] = {}
-    for p in sorted(out.glob("*.tar.xz")):
-        pieces[p.name] = {"sha256": upstream.sha256_of(p), "bytes": p.stat().st_size}
-    for p in set(out.glob("*.tar.xz")) - {out / n for n in pieces}:
-        p.unlink()
+    written = sorted([runtime.name, "bench-data.tar.xz", "tagma-fork.tar.xz"])
+    # A runtime of an earlier pin would otherwise travel along, unlisted.
+    for p in out.glob("*.tar.xz"):
+        if p.name not in written:
+            p.unlink()
+    pieces: dict[str, dict[str, Any]] = {
+        n: {"sha256": upstream.sha256_of(out / n), "bytes": (out / n).stat().st_size}
+        for n in written
+    }
     manifest = {
         "vllm": {
             "version": pin.version,
@@ -388,14 +392,19 @@ def verify(bundle: Path) -> dict[str, str]:
     return want
 
 
-def _unpack(piece: Path, digest: str, dest: Path) -> bool:
+def _current(dest: Path, key: str) -> bool:
+    """Whether dest was laid out from `key` (its .sha256 stamp says so)."""
     stamp = dest / ".sha256"
-    if stamp.exists() and stamp.read_text() == digest:
+    return stamp.exists() and stamp.read_text() == key
+
+
+def _unpack(piece: Path, digest: str, dest: Path) -> bool:
+    if _current(dest, digest):
         return False
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     _run(["tar", "-C", str(dest), "-xJf", str(piece)])
-    stamp.write_text(digest)
+    (dest / ".sha256").write_text(digest)
     return True
 
 
@@ -407,11 +416,7 @@ def install(bundle: Path, dest: Path) -> dict[str, Path]:
     _unpack(bundle / "bench-data.tar.xz", want["bench-data.tar.xz"], dest / "data")
     fork_key = want[runtime] + want["tagma-fork.tar.xz"]
     site = dest / "site"
-    if (
-        fresh
-        or not (site / ".sha256").exists()
-        or (site / ".sha256").read_text() != fork_key
-    ):
+    if fresh or not _current(site, fork_key):
         # The overlay goes onto a copy, so the pristine runtime stays reusable.
         shutil.rmtree(site, ignore_errors=True)
         shutil.copytree(dest / "runtime", site, symlinks=True)

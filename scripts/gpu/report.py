@@ -42,7 +42,7 @@ SCHED_ROWS = [
     ("sched_p99_us", "scheduler µs/step p99"),
     ("kv_us", "KV manager µs/step"),
     ("kv_p99_us", "KV manager µs/step p99"),
-    ("gc_ms", "engine-core GC ms (window total)"),
+    ("gc_ms", "engine-core GC ms (main run total)"),
     ("runs_mean", "block runs/request (mean)"),
     ("runs_max", "block runs/request (max)"),
     ("ranges_mean", "tagma ranges/request (mean)"),
@@ -88,15 +88,20 @@ def main_run(rows: list[list[str]], result: dict) -> tuple[int, int] | None:
     return start, max(busy)
 
 
-def sched_stats(run_dir: Path, result: dict) -> dict:
+def read_trace(run_dir: Path) -> list[list[str]]:
+    """A run's scheduler-trace rows (all engine processes), read once a run."""
+    return [
+        f
+        for tsv in run_dir.glob("sched-*.tsv")
+        for line in tsv.read_text().splitlines()
+        if len(f := line.split("\t")) >= 7
+    ]
+
+
+def sched_stats(trace: list[list[str]], result: dict) -> dict:
     """Scheduler-thread numbers of the steps of a workload's main run."""
     t0, t1 = (int(t * 1e9) for t in result["window"])
-    rows: list[list[str]] = []
-    for tsv in run_dir.glob("sched-*.tsv"):
-        for line in tsv.read_text().splitlines():
-            f = line.split("\t")
-            if len(f) >= 7 and t0 <= int(f[1]) <= t1:
-                rows.append(f)
+    rows = [f for f in trace if t0 <= int(f[1]) <= t1]
     span = main_run(rows, result)
     if span is None:
         return {}
@@ -150,10 +155,11 @@ def load(folders: list[Path]) -> dict:
         for run_json in sorted(folder.glob("*/run*-*/run.json")):
             run = json.loads(run_json.read_text())
             run["label"] = str(run["run"]) if len(folders) == 1 else f"{n}.{run['run']}"
+            # The traces win where present; else what the harness stored.
+            trace = read_trace(run_json.parent)
             for r in run["results"]:
-                # The traces win where present; else what the harness stored.
-                if any(run_json.parent.glob("sched-*.tsv")) or "sched" not in r:
-                    r["sched"] = sched_stats(run_json.parent, r)
+                if trace or "sched" not in r:
+                    r["sched"] = sched_stats(trace, r)
             by_backend = suites.setdefault(run["suite"], {})
             key = "warmup" if run.get("warmup") else run["backend"]
             by_backend.setdefault(key, []).append(run)
@@ -282,7 +288,8 @@ def write(folders: list[Path], out: Path) -> dict:
     """Report the runs of one folder, or pool several passes into out."""
     suites = load(folders)
     lines = ["# bench-gpu: paged vs tagma under vllm serve", ""]
-    lines += _meta_lines(folders)
+    lines += _meta_lines(folders)  # raises before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     summary: dict = {}
     for suite, by_backend in sorted(suites.items()):
         paged, tagma = by_backend.get("paged", []), by_backend.get("tagma", [])
@@ -394,10 +401,8 @@ def write(folders: list[Path], out: Path) -> dict:
             summary[suite]["profile"] = {}
             for b, _, p in profs:
                 summary[suite]["profile"].setdefault(b, p)
-        out.mkdir(parents=True, exist_ok=True)
         _plot(out, suite, summary[suite])
         lines += [f"![{suite}]({suite}.png)", ""]
-    out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -95,9 +95,19 @@ def _bench(
     )
 
 
-def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_path):
+def _bench_1b(
+    bundle_dir: Path, path: str, tmp_path: Path, *extra: str, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """The 1b-host suite into tmp_path/out; returns the run and out."""
     out = tmp_path / "out"
-    r = _bench(fake_bundle, out, tmp_path / "dest", gpu_path, "--suites", "1b-host")
+    r = _bench(
+        bundle_dir, out, tmp_path / "dest", path, "--suites", "1b-host", *extra, env=env
+    )
+    return r, out
+
+
+def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_path):
+    r, out = _bench_1b(fake_bundle, gpu_path, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = sorted(p.name for p in (out / "1b-host").iterdir())
     assert runs == ["run1-paged", "run2-tagma", "run3-tagma", "run4-paged"]
@@ -138,17 +148,7 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
 def test_warmup_run_is_the_gate_reference_but_left_out_of_the_report(
     fake_bundle, gpu_path, tmp_path
 ):
-    out = tmp_path / "out"
-    r = _bench(
-        fake_bundle,
-        out,
-        tmp_path / "dest",
-        gpu_path,
-        "--suites",
-        "1b-host",
-        "--order",
-        "bAB",
-    )
+    r, out = _bench_1b(fake_bundle, gpu_path, tmp_path, "--order", "bAB")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1b-host run 1 (tagma, warm-up): starting the server" in r.stdout
     runs = {
@@ -171,30 +171,15 @@ def test_warmup_run_is_the_gate_reference_but_left_out_of_the_report(
 
 
 def test_dead_server_stops_the_suite_with_its_log(fake_bundle, gpu_path, tmp_path):
-    r = _bench(
-        fake_bundle,
-        tmp_path / "out",
-        tmp_path / "dest",
-        gpu_path,
-        "--suites",
-        "1b-host",
-        env={"FAKE_VLLM_DIE_AFTER": "1"},
-    )
+    r, _ = _bench_1b(fake_bundle, gpu_path, tmp_path, env={"FAKE_VLLM_DIE_AFTER": "1"})
     assert r.returncode == 1
     assert "server died during host-512" in r.stderr
     assert "exit code 3" in r.stderr
 
 
 def test_gate_mismatch_stops_before_timing(fake_bundle, gpu_path, tmp_path):
-    out = tmp_path / "out"
-    r = _bench(
-        fake_bundle,
-        out,
-        tmp_path / "dest",
-        gpu_path,
-        "--suites",
-        "1b-host",
-        env={"FAKE_VLLM_TAGMA_DIFFERS": "1"},
+    r, out = _bench_1b(
+        fake_bundle, gpu_path, tmp_path, env={"FAKE_VLLM_TAGMA_DIFFERS": "1"}
     )
     assert r.returncode == 1
     assert "correctness gate failed" in r.stderr

@@ -131,7 +131,7 @@ def test_sched_stats_from_traces_or_from_run_json(tmp_path):
     assert "gc_ms" not in summary  # traces before the gc column
 
 
-def test_gc_time_is_summed_over_the_window(tmp_path):
+def test_gc_time_is_summed_over_the_main_run(tmp_path):
     d = _pass(tmp_path / "a", "AB", [("paged", 1), ("tagma", 1)])
     rows = [
         f"S\t{int(15e9) + i}\t1000\t0\t500\t3\t0\t{i * 1000}\tfree\t400"
@@ -144,7 +144,7 @@ def test_gc_time_is_summed_over_the_window(tmp_path):
     # 1..10 µs in busy steps + 2 ms in the idle one between them; the step
     # after the main run is out.
     assert summary["gc_ms"]["paged"] == pytest.approx(0.055 + 2.0)
-    assert "engine-core GC ms (window total)" in (d / "report.md").read_text()
+    assert "engine-core GC ms (main run total)" in (d / "report.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -186,12 +186,13 @@ def test_sched_stats_keep_the_main_run_only(tmp_path):
     assert paged["sched_us_tok"]["paged"] == pytest.approx(21 * 3.0 / 4000)
     assert paged["kv_us_tok"]["paged"] == pytest.approx(21 * 2.0 / 4000)
     result = {"window": [10.0, 20.0], "bench": {"total_output_tokens": 4000}}
-    assert report.sched_stats(run_dir, result)["steps"] == 21
+    trace = report.read_trace(run_dir)
+    assert report.sched_stats(trace, result)["steps"] == 21
     # A warm-up as large as the workload: no step stands out, all count.
-    whole = report.sched_stats(run_dir, {**result, "warmups": 100})
+    whole = report.sched_stats(trace, {**result, "warmups": 100})
     assert whole["steps"] == 51 and whole["sched_us"] == pytest.approx(900.0)
     # The harness's mark of the main run's start wins.
-    marked = report.sched_stats(run_dir, {**result, "main_window": [12.0, 20.0]})
+    marked = report.sched_stats(trace, {**result, "main_window": [12.0, 20.0]})
     assert marked["steps"] == 20 + 21  # warm-up steps from 12 s on, the main run
     assert marked["engine_tok_s"] == pytest.approx(4000 / 5.0)
-    assert report.sched_stats(run_dir, {"window": [19.0, 20.0]}) == {}
+    assert report.sched_stats(trace, {"window": [19.0, 20.0]}) == {}
