@@ -92,31 +92,52 @@ class Git:
         check: bool = True,
         env: dict[str, str] | None = None,
         writes: bool = True,
-        stdin: str | None = None,
+        stdin: str | bytes | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run `git args...` and return the completed process.
+        """Run `git args...` and return the completed process, as text.
+
+        The text is git's bytes decoded as UTF-8, a bad byte replaced (so
+        decoding never raises and the text can always be printed), with no
+        newline translation (a CR stays). Use run_bytes where the bytes
+        themselves matter: patch files.
 
         Args:
             check: raise GitError on a non-zero exit.
             env: extra environment for this command.
             writes: whether the command changes state (printed, not run,
                 in a dry run).
-            stdin: text fed to the command.
+            stdin: text (or bytes) fed to the command.
         """
+        if isinstance(stdin, str):
+            stdin = stdin.encode("utf-8")
+        proc = self.run_bytes(*args, check=check, env=env, writes=writes, stdin=stdin)
+        return subprocess.CompletedProcess(
+            proc.args, proc.returncode, _decode(proc.stdout), _decode(proc.stderr)
+        )
+
+    def run_bytes(
+        self,
+        *args: str,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        writes: bool = True,
+        stdin: bytes | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run `git args...`; stdout and stderr are git's bytes, untouched."""
         cmd = ["git", *args]
         if writes and self.dry_run:
             print(f"  (dry run) cd {self.cwd} && {shlex.join(cmd)}")
-            return subprocess.CompletedProcess(cmd, 0, "", "")
+            return subprocess.CompletedProcess(cmd, 0, b"", b"")
         proc = subprocess.run(
             cmd,
             cwd=self.cwd,
             env=self._environ(env),
             input=stdin,
             capture_output=True,
-            text=True,
         )
         if check and proc.returncode != 0:
-            raise GitError(cmd, proc.returncode, proc.stdout + proc.stderr)
+            output = _decode(proc.stdout + proc.stderr)
+            raise GitError(cmd, proc.returncode, output)
         return proc
 
     def out(self, *args: str, env: dict[str, str] | None = None) -> str:
@@ -125,8 +146,12 @@ class Git:
 
     def canonical(self, *args: str) -> str:
         """Run a read-only command with user and system config ignored."""
+        return _decode(self.canonical_bytes(*args))
+
+    def canonical_bytes(self, *args: str) -> bytes:
+        """canonical(), but git's stdout bytes as they are (patch files)."""
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-        return self.run(*CANONICAL_CONFIG, *args, env=env, writes=False).stdout
+        return self.run_bytes(*CANONICAL_CONFIG, *args, env=env, writes=False).stdout
 
     def am_in_progress(self) -> bool:
         git_dir = Path(self.out("rev-parse", "--git-dir"))
@@ -142,3 +167,9 @@ class Git:
         """The paths a patch touches, read from its diff headers."""
         out = self.run("apply", "--numstat", str(patch), writes=False, check=False)
         return [line.split("\t")[-1] for line in out.stdout.splitlines() if line]
+
+
+def _decode(data: bytes) -> str:
+    # For messages and names: never raise on a Latin-1 file's bytes in git's
+    # output; anything that must stay byte-exact goes through run_bytes.
+    return data.decode("utf-8", "replace")

@@ -15,6 +15,7 @@ bytes and `check` can detect drift.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +65,11 @@ def read_series(patches_dir: Path) -> list[str]:
     if not series.exists():
         raise StackError(f"{series} does not exist")
     names = []
-    for line in series.read_text().splitlines():
+    for number, raw in enumerate(series.read_bytes().split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise StackError(f"{series}:{number}: {_not_utf8(raw, e)}") from None
         line = line.split("#", 1)[0].strip()
         if line:
             # quilt allows options after the name (e.g. -p1); we use -p1 only.
@@ -73,56 +78,205 @@ def read_series(patches_dir: Path) -> list[str]:
 
 
 def write_series(patches_dir: Path, names: list[str]) -> None:
-    (patches_dir / "series").write_text("".join(f"{n}\n" for n in names))
+    _write_bytes(patches_dir / "series", "".join(f"{n}\n" for n in names).encode())
+
+
+@dataclass(slots=True, frozen=True)
+class Problem:
+    """One lint finding, by file (and line, where it has one)."""
+
+    # The file's name in patches/ ("series" for the series file).
+    file: str
+    message: str
+    # 1-based line in the file; None for a finding about the whole file.
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.message}"
 
 
 def lint(patches_dir: Path) -> list[str]:
     """Every problem with the series and its files, one message each.
 
+    The messages of lint_problems(), as `name: message` or
+    `name:line: message`.
+    """
+    return [str(p) for p in lint_problems(patches_dir)]
+
+
+def lint_problems(patches_dir: Path) -> list[Problem]:
+    """Every problem with the series and its files, by file and line.
+
     Checks: the series exists; each entry exists, is listed once and parses
-    as a git format-patch file with a subject, a diff and the required
-    trailers; no `.patch` file in the directory is left out of the series.
+    as a git format-patch file with a subject, an author, a diff and the
+    required trailers in its trailer block, its header (the part before the
+    first `diff --git`) UTF-8 with LF line endings; no `.patch` file in the
+    directory is left out of the series. Files are read as bytes: the diffs
+    may carry any bytes (a Latin-1 source file, CRLF files).
     """
     try:
         names = read_series(patches_dir)
     except StackError as e:
-        return [str(e)]
+        return [Problem("series", str(e))]
     problems = []
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            problems.append(f"{name}: listed twice in series")
+            problems.append(Problem(name, "listed twice in series"))
             continue
         seen.add(name)
         path = patches_dir / name
         if not path.is_file():
-            problems.append(f"{name}: listed in series but missing")
+            problems.append(Problem(name, "listed in series but missing"))
             continue
-        problems += [f"{name}: {p}" for p in _lint_patch(path.read_text())]
+        problems += lint_patch(name, path.read_bytes())
     for path in sorted(patches_dir.glob("*.patch")):
         if path.name not in seen:
-            problems.append(f"{path.name}: not listed in series")
+            problems.append(Problem(path.name, "not listed in series"))
     return problems
 
 
-def _lint_patch(text: str) -> list[str]:
-    lines = text.splitlines()
+def lint_patch(name: str, data: bytes) -> list[Problem]:
+    """The problems of one patch file's bytes (`name` labels them)."""
+    head, diff = split_header(data)
+    raw_lines = head.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()
+    problems: list[Problem] = []
+    lines: list[str] = []
+    for number, raw in enumerate(raw_lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append(Problem(name, _not_utf8(raw, e) + " in the header", number))
+            line = raw.decode("utf-8", "replace")
+        if line.endswith("\r"):
+            # git am --keep-cr keeps it in the commit message; export drops it.
+            problems.append(Problem(name, "CRLF line ending in the header", number))
+            line = line[:-1]
+        lines.append(line)
     if not lines or not lines[0].startswith("From "):
-        return ["does not start with a git format-patch 'From ' line"]
-    head, sep, _ = text.partition("\ndiff --git ")
-    problems = []
-    if not sep:
-        problems.append("no diff")
-    if not re.search(r"^Subject: .+", head, re.M):
-        problems.append("no Subject")
-    if not re.search(r"^From: .+<.+>", head, re.M):
-        problems.append("no From: author")
+        problems.append(
+            Problem(name, "does not start with a git format-patch 'From ' line")
+        )
+        return problems
+    if not diff:
+        problems.append(Problem(name, "no diff"))
+    headers, body_start = mail_headers(lines)
+    if not headers.get("subject", "").strip():
+        problems.append(Problem(name, "no Subject"))
+    if not re.search(r".+<.+>", headers.get("from", "")):
+        problems.append(Problem(name, "no From: author"))
+    message = list(enumerate(lines, 1))[body_start:]
+    for i, (_, line) in enumerate(message):
+        # git am ends the message at a `---` line (format-patch's separator).
+        if re.fullmatch(r"---\s*", line):
+            message = message[:i]
+            break
+    block = trailer_block(message)
+    tokens = {
+        token.lower(): value
+        for token, value, _ in (_trailer(line) or ("", "", "") for _, line in block)
+    }
     for trailer in REQUIRED_TRAILERS:
-        if not re.search(rf"^{trailer}: \S", head, re.M):
-            problems.append(f"no '{trailer}:' trailer in the header")
-    if re.search(rf"^{FILENAME_TRAILER}:", head, re.M):
-        problems.append(f"'{FILENAME_TRAILER}:' must not be exported")
+        if tokens.get(trailer.lower(), "").strip():
+            continue
+        elsewhere = [
+            number
+            for number, line in message
+            if (t := _trailer(line)) and t[0].lower() == trailer.lower()
+        ]
+        if elsewhere:
+            problems.append(
+                Problem(
+                    name,
+                    f"'{trailer}:' is not in the trailer block (the last "
+                    "paragraph of the message, trailer lines only)",
+                    elsewhere[0],
+                )
+            )
+        else:
+            problems.append(Problem(name, f"no '{trailer}:' trailer in the header"))
+    for number, line in enumerate(lines, 1):
+        if line.startswith(f"{FILENAME_TRAILER}:"):
+            problems.append(
+                Problem(name, f"'{FILENAME_TRAILER}:' must not be exported", number)
+            )
     return problems
+
+
+def split_header(data: bytes) -> tuple[bytes, bytes]:
+    """A patch's bytes split before the first `diff --git` line."""
+    if data.startswith(b"diff --git "):
+        return b"", data
+    cut = data.find(b"\ndiff --git ")
+    if cut < 0:
+        return data, b""
+    return data[: cut + 1], data[cut + 1 :]
+
+
+def mail_headers(lines: list[str]) -> tuple[dict[str, str], int]:
+    """The unfolded mail headers of a patch's header lines, and where the
+    message starts (index into `lines`).
+
+    `lines[0]` is the mbox `From <id> <date>` line. git folds a long header
+    (RFC 2822) onto lines that start with whitespace; unfolding joins them
+    back. Names are lower-cased; the first of a repeated header wins.
+    """
+    headers: dict[str, str] = {}
+    last = ""
+    i = 1
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            return headers, i + 1
+        if line[0] in " \t" and last:
+            headers[last] += line
+        elif match := re.match(r"([!-9;-~]+):[ \t]?(.*)", line):
+            last = match.group(1).lower()
+            if last in headers:
+                last = ""  # the first wins; skip this one's continuations
+            else:
+                headers[last] = match.group(2)
+        else:
+            break  # not a header: the message begins here
+        i += 1
+    return headers, i
+
+
+_TRAILER_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]*)[ \t]*:[ \t]*(.*)")
+
+
+def _trailer(line: str) -> tuple[str, str, str] | None:
+    match = _TRAILER_RE.fullmatch(line)
+    return (match.group(1), match.group(2), line) if match else None
+
+
+def trailer_block(message: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The trailer block of a commit message given as (line number, text).
+
+    git's definition, strictly: the last paragraph, when every line of it is
+    a `Token: value` trailer or the continuation (leading whitespace) of
+    one. Empty when the last paragraph is prose.
+    """
+    end = len(message)
+    while end and not message[end - 1][1].strip():
+        end -= 1
+    start = end
+    while start and message[start - 1][1].strip():
+        start -= 1
+    block = message[start:end]
+    if not block or _trailer(block[0][1]) is None:
+        return []
+    for _, line in block[1:]:
+        if not (line[0] in " \t" or _trailer(line)):
+            return []
+    return block
+
+
+def _not_utf8(raw: bytes, error: UnicodeDecodeError) -> str:
+    return f"not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
 
 
 def import_patches(
@@ -199,34 +353,44 @@ def tag_commit(git: Git, name: str) -> None:
     )
 
 
-def render(git: Git, base: str) -> dict[str, str]:
-    """The canonical patch files for base..HEAD, by file name, in order."""
-    text = git.canonical(*FORMAT_PATCH_ARGS, f"{base}..HEAD")
-    patches: dict[str, str] = {}
-    if not text:
+def render(git: Git, base: str) -> dict[str, bytes]:
+    """The canonical patch files for base..HEAD, by file name, in order.
+
+    Bytes, as git writes them: a CRLF file or a Latin-1 file in a diff comes
+    out exactly as committed.
+    """
+    data = git.canonical_bytes(*FORMAT_PATCH_ARGS, f"{base}..HEAD")
+    patches: dict[str, bytes] = {}
+    if not data:
         return patches
-    chunks = text.split(ZERO_FROM + "\n")
-    assert chunks[0] == "", "format-patch output must start with a From line"
+    start = ZERO_FROM.encode() + b"\n"
+    # Only at a line start: a diff that adds a patch file carries the same
+    # text after its `+`.
+    chunks = re.split(rb"(?m)^" + re.escape(start), data)
+    if chunks[0] != b"":
+        raise StackError("format-patch output must start with a From line")
     for chunk in chunks[1:]:
         name, body = _take_name(chunk)
         if name in patches:
             raise StackError(f"two commits carry {FILENAME_TRAILER}: {name}")
         # --stdout separates patches with a blank line; a file's bytes must
         # not depend on whether another patch follows it.
-        patches[name] = ZERO_FROM + "\n" + body.rstrip("\n") + "\n"
+        patches[name] = start + body.rstrip(b"\n") + b"\n"
     return patches
 
 
-def _take_name(chunk: str) -> tuple[str, str]:
-    head, sep, diff = chunk.partition("\ndiff --git ")
-    match = re.search(rf"^{FILENAME_TRAILER}: (\S+)\n", head, re.M)
+def _take_name(chunk: bytes) -> tuple[str, bytes]:
+    head, diff = split_header(chunk)
+    match = re.search(rb"(?m)^" + FILENAME_TRAILER.encode() + rb": (\S+)\n", head)
     if match:
         head = head[: match.start()] + head[match.end() :]
-        return match.group(1), head + sep + diff
-    subject = re.search(r"^Subject: (?:\[PATCH\] )?(.+)$", head, re.M)
+        return match.group(1).decode("utf-8", "replace"), head + diff
+    lines = ["From "] + head.decode("utf-8", "replace").split("\n")
+    subject = mail_headers(lines)[0].get("subject", "")
+    subject = re.sub(r"^\[PATCH\] ", "", subject.strip())
     if not subject:
         raise StackError("a commit without a subject cannot be exported")
-    return slug(subject.group(1)) + ".patch", chunk
+    return slug(subject) + ".patch", chunk
 
 
 def slug(subject: str) -> str:
@@ -234,33 +398,52 @@ def slug(subject: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "-", subject).strip("-").lower()[:60]
 
 
-def export(git: Git, base: str, patches_dir: Path, dry_run: bool = False) -> list[str]:
-    """Write base..HEAD into patches/ (series, files; stale files removed).
-
-    Returns:
-        The names of files that differ from what is on disk (written, or in
-        a dry run only reported). Empty means no drift.
+def drift(rendered: dict[str, bytes], patches_dir: Path) -> list[str]:
+    """The files of patches_dir that differ from `rendered`, byte for byte:
+    changed or new patches, stale `.patch` files, and "series" when its
+    names are not the rendered order.
     """
-    rendered = render(git, base)
-    changed = []
-    for name, text in rendered.items():
-        path = patches_dir / name
-        if not path.exists() or path.read_text() != text:
-            changed.append(name)
-            if not dry_run:
-                path.write_text(text)
-    stale = [p for p in patches_dir.glob("*.patch") if p.name not in rendered]
-    for path in stale:
-        changed.append(path.name)
-        if not dry_run:
-            path.unlink()
-    names = list(rendered)
+    changed = [
+        name
+        for name, data in rendered.items()
+        if not (patches_dir / name).is_file()
+        or (patches_dir / name).read_bytes() != data
+    ]
+    changed += [
+        p.name for p in sorted(patches_dir.glob("*.patch")) if p.name not in rendered
+    ]
     try:
         current = read_series(patches_dir)
     except StackError:
         current = []
-    if current != names:
+    if current != list(rendered):
         changed.append("series")
-        if not dry_run:
-            write_series(patches_dir, names)
     return changed
+
+
+def export(git: Git, base: str, patches_dir: Path, dry_run: bool = False) -> list[str]:
+    """Write base..HEAD into patches/ (series, files; stale files removed).
+
+    Returns:
+        The names of files that differ, byte for byte, from what is on disk
+        (written, or in a dry run only reported). Empty means no drift.
+    """
+    rendered = render(git, base)
+    changed = drift(rendered, patches_dir)
+    if dry_run:
+        return changed
+    for name in changed:
+        if name == "series":
+            write_series(patches_dir, list(rendered))
+        elif name in rendered:
+            _write_bytes(patches_dir / name, rendered[name])
+        else:
+            (patches_dir / name).unlink()
+    return changed
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    # Whole or not at all: an interrupted export leaves no half patch.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
