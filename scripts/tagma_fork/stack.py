@@ -395,7 +395,7 @@ def _take_name(chunk: bytes) -> tuple[str, bytes]:
 
 def slug(subject: str) -> str:
     """A file name for a new patch, from its subject."""
-    return re.sub(r"[^A-Za-z0-9_]+", "-", subject).strip("-").lower()[:60]
+    return re.sub(r"[^A-Za-z0-9_]+", "-", subject).lower()[:60].strip("-")
 
 
 def drift(rendered: dict[str, bytes], patches_dir: Path) -> list[str]:
