@@ -1,63 +1,107 @@
 # tagma-vllm: the front door. `make help` lists every target.
+#
+# Every target works on one pinned vLLM release: VLLM_VERSION=<version>
+# (default: the one patches/default names). Its stack is patches/vllm-<v>/,
+# its build outputs build/vllm-<v>/ (venv, tree, worktree).
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 BUILD   ?= build
-VENV    := $(BUILD)/venv
+DEFAULT_VERSION := $(strip $(file < patches/default))
+VLLM_VERSION ?= $(DEFAULT_VERSION)
+
+# A version is digits, dots and lower-case letters: it names folders and is
+# passed to the tools, so nothing else may reach a shell.
+_vok := 0 1 2 3 4 5 6 7 8 9 . a b c d e f g h i j k l m n o p q r s t u v w x y z
+_vstrip = $(if $(2),$(call _vstrip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,99,$(2))),$(1))
+ifneq ($(words $(VLLM_VERSION)),1)
+$(error VLLM_VERSION='$(VLLM_VERSION)' is not one release version, e.g. 0.26.0)
+endif
+ifneq ($(call _vstrip,$(VLLM_VERSION),$(_vok)),)
+$(error VLLM_VERSION='$(VLLM_VERSION)' is not a release version (digits, dots, letters), e.g. 0.26.0)
+endif
+ifneq ($(words $(FROM)),$(if $(FROM),1,0))
+$(error FROM='$(FROM)' is not one release version)
+endif
+ifneq ($(call _vstrip,$(FROM),$(_vok)),)
+$(error FROM='$(FROM)' is not a release version (digits, dots, letters))
+endif
+
+PIN_BUILD := $(BUILD)/vllm-$(VLLM_VERSION)
+STACK   := patches/vllm-$(VLLM_VERSION)
+VENV    := $(PIN_BUILD)/venv
 PY      := $(VENV)/bin/python
-FORK    := PYTHONPATH=scripts $(PY) -m tagma_fork
+FORK    := PYTHONPATH=scripts $(PY) -m tagma_fork --pin $(VLLM_VERSION)
 TOOLS   := $(VENV)/.tagma-tools
-VLLM_VERSION ?=
 CMAKE   := $(VENV)/bin/cmake
 CTEST   := $(VENV)/bin/ctest
 TAGMA_RANDOM_OPS ?= 1000000
 BENCH_RUNS ?= 5
+export TAGMA_BUILD := $(abspath $(BUILD))
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
         test-conformance test-engine test-bindings bench-host bench-sched format-check \
-        bundle bench-gpu test-bench-gpu
+        bundle bench-gpu test-bench-gpu prereqs check-pins lint pins
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
 $(TOOLS): scripts/requirements.txt
-	@mkdir -p $(BUILD)
+	@mkdir -p $(PIN_BUILD)
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet -r scripts/requirements.txt
 	@touch $@
 
-venv: $(TOOLS) ## the tool venv (build/venv) with the fork tooling's deps
+pins: ## list the pinned releases (* = default)
+	@for d in patches/vllm-*/; do v=$${d#patches/vllm-}; v=$${v%/}; \
+	  printf '  %s %s\n' "$$([ "$$v" = "$(DEFAULT_VERSION)" ] && echo '*' || echo ' ')" "$$v"; done
 
-fetch: $(TOOLS) ## download the pinned sdist into the cache (sha256 checked)
+prereqs: ## check the system packages build and test need (no install)
+	PYTHONPATH=scripts python3 -m tagma_fork prereqs
+
+venv: $(TOOLS) ## the pin's venv (build/vllm-<v>/venv) with the fork tooling's deps
+
+fetch: $(TOOLS) ## download the pin's sdist into the cache (sha256 checked)
 	$(FORK) fetch
 
-apply: $(TOOLS) ## build/tree = pristine sdist + patches/series + csrc/tagma
+apply: $(TOOLS) ## build/vllm-<v>/tree = pristine sdist + the pin's series + csrc/tagma
 	$(FORK) apply
 
-build-fork: $(TOOLS) ## apply, then install the patched vLLM into build/venv
+build-fork: ## install what is missing (system packages as root), apply, install the patched vLLM into build/vllm-<v>/venv
+	PYTHONPATH=scripts python3 -m tagma_fork prereqs --install
+	$(MAKE) --no-print-directory $(TOOLS)
 	$(FORK) build
 
-worktree: $(TOOLS) ## build/worktree: base + one commit per patch (FORCE=1 discards)
+worktree: $(TOOLS) ## build/vllm-<v>/worktree: base + one commit per patch (FORCE=1 discards)
 	$(FORK) worktree $(if $(FORCE),--force)
 
-export: $(TOOLS) ## write build/worktree back into patches/ (canonical)
+export: $(TOOLS) ## write the worktree back into patches/vllm-<v>/ (canonical)
 	$(FORK) export
 
-check: $(TOOLS) ## lint the series, apply on the pinned sdist, re-export, no drift
+check: $(TOOLS) ## the pin's stack: lint, apply on the pinned sdist, re-export, no drift
 	$(FORK) check
 
-rebase: $(TOOLS) ## move the stack to VLLM_VERSION (DRY_RUN=1 reports per patch)
-	$(FORK) rebase --to $(VLLM_VERSION) $(if $(DRY_RUN),--dry-run)
+check-pins: $(TOOLS) ## check every pin in patches/
+	$(FORK) check --all
+
+# rebase: VLLM_VERSION is the release to port to, FROM the pin to port from.
+rebase: $(TOOLS) ## port the stack of FROM (default pin) to VLLM_VERSION=<new> as a new pin (DRY_RUN=1 reports per patch)
+ifneq ($(filter command line environment,$(origin VLLM_VERSION)),)
+	PYTHONPATH=scripts $(PY) -m tagma_fork --pin $(or $(FROM),$(DEFAULT_VERSION)) \
+	  rebase --to $(VLLM_VERSION) $(if $(DRY_RUN),--dry-run)
+else
+	@echo "usage: make rebase VLLM_VERSION=<new release> [FROM=<pin>] [DRY_RUN=1]"; exit 2
+endif
 
 rebase-continue: $(TOOLS) ## continue a rebase stopped at a conflict
 	$(FORK) rebase --continue
 
-rebase-abort: $(TOOLS) ## give up a rebase; patches/ and upstream/ stay as they were
+rebase-abort: $(TOOLS) ## give up a rebase; patches/ stays (and is checked to be) as it was
 	$(FORK) rebase --abort
 
-pr-branch: $(TOOLS) ## build/pr: upstream + one signed-off commit per patch + engine
+pr-branch: $(TOOLS) ## build/vllm-<v>/pr: upstream + one signed-off commit per patch + engine
 	$(FORK) pr-branch
 
 lint: $(TOOLS) ## ruff + mypy over the tooling and tests
@@ -68,8 +112,8 @@ lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 STACK_MODULES := vllm/config/kv_cache_backend.py vllm/v1/core/tagma_kv_cache_manager.py \
                  vllm/v1/worker/gpu/tagma_block_table.py vllm/tagma/__init__.py
 
-lint-stack: ## ruff + mypy over the stack's new vLLM modules (in build/tree)
-	cd $(BUILD)/tree && $(abspath $(PY)) -m ruff check $(STACK_MODULES) && \
+lint-stack: ## ruff + mypy over the stack's new vLLM modules (in build/vllm-<v>/tree)
+	cd $(PIN_BUILD)/tree && $(abspath $(PY)) -m ruff check $(STACK_MODULES) && \
 	  $(abspath $(PY)) -m ruff format --check $(STACK_MODULES) && \
 	  $(abspath $(PY)) -m mypy --follow-imports=silent --ignore-missing-imports \
 	    --python-version 3.11 $(STACK_MODULES)
@@ -77,29 +121,31 @@ lint-stack: ## ruff + mypy over the stack's new vLLM modules (in build/tree)
 test-tooling: $(TOOLS) ## pytest the fork tooling (apply, export, drift, rebase)
 	$(PY) -m pytest -q tests/tooling
 
+CONFORMANCE := $(PY) tests/conformance/run.py --tree $(PIN_BUILD)/tree \
+  --manifest $(STACK)/conformance.toml --out $(BUILD)/results/conformance/$(VLLM_VERSION)
 test-conformance: ## vLLM's tests/v1/core + the stack's tests, under paged and tagma (needs build-fork)
-	$(PY) tests/conformance/run.py --backend paged
-	$(PY) tests/conformance/run.py --backend tagma
+	$(CONFORMANCE) --backend paged
+	$(CONFORMANCE) --backend tagma
 
 test-engine: $(TOOLS) ## engine tests under ASan+UBSan (TAGMA_RANDOM_OPS=N, default 10^6)
-	$(CMAKE) -S csrc/tagma -B $(BUILD)/tagma-asan -DTAGMA_SANITIZE=ON \
+	$(CMAKE) -S csrc/tagma -B $(PIN_BUILD)/tagma-asan -DTAGMA_SANITIZE=ON \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAGMA_RANDOM_OPS=$(TAGMA_RANDOM_OPS) >/dev/null
-	$(CMAKE) --build $(BUILD)/tagma-asan -j2
-	$(CTEST) --test-dir $(BUILD)/tagma-asan --output-on-failure -j2
+	$(CMAKE) --build $(PIN_BUILD)/tagma-asan -j2
+	$(CTEST) --test-dir $(PIN_BUILD)/tagma-asan --output-on-failure -j2
 
 bench-host: $(TOOLS) ## engine host benchmark: BENCH_RUNS runs, JSON + plots in build/results/bench_kv_engine
-	$(CMAKE) -S csrc/tagma -B $(BUILD)/tagma-rel -DCMAKE_BUILD_TYPE=Release >/dev/null
-	$(CMAKE) --build $(BUILD)/tagma-rel -j2 --target bench_kv_engine
+	$(CMAKE) -S csrc/tagma -B $(PIN_BUILD)/tagma-rel -DCMAKE_BUILD_TYPE=Release >/dev/null
+	$(CMAKE) --build $(PIN_BUILD)/tagma-rel -j2 --target bench_kv_engine
 	@mkdir -p $(BUILD)/results/bench_kv_engine
 	@for i in $$(seq 1 $(BENCH_RUNS)); do echo "run $$i/$(BENCH_RUNS)"; \
-	  $(BUILD)/tagma-rel/bench_kv_engine --json $(BUILD)/results/bench_kv_engine/tagma-run=$$i.json || exit 1; done
+	  $(PIN_BUILD)/tagma-rel/bench_kv_engine --json $(BUILD)/results/bench_kv_engine/tagma-run=$$i.json || exit 1; done
 	$(PY) csrc/tagma/bench/plot_bench.py $(BUILD)/results/bench_kv_engine/tagma-run=*.json
 
 bench-sched: build-fork ## scheduler-thread benchmark, paged vs tagma (CPU, no model)
-	cd $(BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/sched.py) $(BENCH_ARGS)
+	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/sched.py) $(BENCH_ARGS)
 
 bundle: build-fork ## offline GPU benchmark bundle in build/bundle (pinned runtime + fork overlay + data)
-	$(PY) scripts/gpu/bundle.py build --out $(BUILD)/bundle
+	$(PY) scripts/gpu/bundle.py build --out $(BUILD)/bundle --pin $(VLLM_VERSION)
 
 BENCH_GPU_ARGS ?=
 BENCH_GPU_OUT ?= $(BUILD)/results/bench-gpu
@@ -116,12 +162,16 @@ $(ABI3AUDIT):
 	$(BUILD)/abi3audit/bin/pip install --quiet abi3audit==0.0.26
 
 test-bindings: $(ABI3AUDIT) ## _tagma_C: its pytest suite (-X dev, leak checks) and abi3audit (needs build-fork)
-	TAGMA_EXT_DIR=$(BUILD)/tagma-ext $(PY) -X dev -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
-	$(ABI3AUDIT) --assume-minimum-abi3 3.11 -S -s $(BUILD)/tagma-ext/_tagma_C.abi3.so
+	TAGMA_EXT_DIR=$(PIN_BUILD)/tagma-ext $(PY) -X dev -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
+	$(ABI3AUDIT) --assume-minimum-abi3 3.11 -S -s $(PIN_BUILD)/tagma-ext/_tagma_C.abi3.so
 
-format-check: ## clang-format over the engine (vLLM's style)
-	clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')
+format-check: $(TOOLS) ## clang-format (pinned in scripts/requirements.txt) over the engine
+	$(VENV)/bin/clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')
 
-test: build-fork ## the README's test command: everything CI runs
-	$(MAKE) check lint lint-stack format-check test-tooling test-engine test-bindings \
-	  test-conformance test-bench-gpu
+test: ## the README's test command: everything CI runs (after make build-fork)
+	@PYTHONPATH=scripts python3 -m tagma_fork prereqs || \
+	  { echo "make test: run make build-fork first (it installs these)"; exit 2; }
+	@[ -x $(PY) ] && [ -f $(PIN_BUILD)/tree/vllm/__init__.py ] || \
+	  { echo "make test: no build for vllm $(VLLM_VERSION) in $(PIN_BUILD); run make build-fork VLLM_VERSION=$(VLLM_VERSION) first"; exit 2; }
+	$(MAKE) --no-print-directory check-pins lint lint-stack format-check test-tooling \
+	  test-engine test-bindings test-conformance test-bench-gpu

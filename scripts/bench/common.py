@@ -14,7 +14,7 @@ import json
 import platform
 import statistics
 import subprocess
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,9 @@ def provenance() -> dict[str, Any]:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    with open(ROOT / "upstream/vllm.toml", "rb") as f:
-        pin = tomllib.load(f)["vllm"]
-    return {"git": git, "upstream": f"vllm {pin['version']}"}
+    # The venv running this is build/vllm-<v>/venv: its pin is <v>.
+    version = Path(sys.prefix).parent.name.removeprefix("vllm-")
+    return {"git": git, "upstream": f"vllm {version}"}
 
 
 def env_info(**extra: Any) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
 """Replay the 8b-16k serve suite's request sequence through the Scheduler (CPU).
 
-    build/venv/bin/python scripts/bench/replay_serve.py [--blocks 57500]
+    build/vllm-<v>/venv/bin/python scripts/bench/replay_serve.py [--blocks 57500]
 
 A diagnostic for the serve benchmark's tail latency: drives vLLM's real
 Scheduler (from the patched tree, no model; one fake token per request per

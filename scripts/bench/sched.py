@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
 """Scheduler-thread benchmark: paged vs tagma, the real Scheduler, no model.
 
-    build/venv/bin/python scripts/bench/sched.py [--quick] [--out DIR]
+    build/vllm-<v>/venv/bin/python scripts/bench/sched.py [--quick] [--out DIR]
 
 Drives vLLM's Scheduler (from the patched tree, CPU) through many steps with
 N requests running, fakes the model's output (one token per request per

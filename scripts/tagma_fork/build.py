@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
-"""`make build-fork`: install the patched tree into build/venv.
+"""`make build-fork`: install the patched tree into build/vllm-<v>/venv.
 
 On a machine without a GPU the Python tree is installed without compiling
 vLLM's CUDA kernels (VLLM_TARGET_DEVICE=empty), next to the CPU build of
@@ -23,9 +23,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import trees, upstream
+from . import ops, trees, upstream
 
-# The CPU torch for a pin whose upstream/vllm.toml names none ([build]
+# The CPU torch for a pin whose pin.toml names none ([build]
 # cpu_torch): the one this machine kind keeps on disk. vLLM 0.25.1 pins 2.11.0
 # (CUDA), whose CPU tests run the same on 2.13.0.
 CPU_TORCH = "torch==2.13.0"
@@ -133,7 +133,7 @@ def build_extension(layout: trees.Layout, py: Path, tree: Path) -> int:
     engine's own CMake builds the same sources into the same *.abi3.so.
     """
     cmake = str(py.parent / "cmake")
-    out = layout.build / "tagma-ext"
+    out = layout.pin_build / "tagma-ext"
     _run([cmake, "-S", str(layout.root / trees.ENGINE), "-B", str(out),
           "-DTAGMA_PYTHON_EXT=ON", "-DTAGMA_BUILD_TESTS=OFF", "-DTAGMA_BUILD_BENCH=OFF",
           "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={py}"])  # fmt: skip
@@ -150,18 +150,15 @@ def build_extension(layout: trees.Layout, py: Path, tree: Path) -> int:
 
 
 def build_fork(layout: trees.Layout) -> int:
-    pin = upstream.read_pin(layout.root)
-    venv = layout.build / "venv"
+    pin = layout.pin()
+    venv = layout.pin_build / "venv"
     py = venv / "bin" / "python"
     tree = layout.tree
     cuda = has_cuda()
     t_all = time.monotonic()
 
     t0 = _step(f"apply the stack on vllm {pin.version} -> {tree}")
-    from .cli import main as cli_main
-
-    if cli_main(["apply"]) != 0:
-        return 1
+    ops.apply(layout)
     _done(t0)
 
     if not py.exists():
@@ -169,7 +166,7 @@ def build_fork(layout: trees.Layout) -> int:
         _run([sys.executable, "-m", "venv", str(venv)])
         _done(t0)
 
-    cons = constraints(tree, layout.build / "constraints.txt", pin.relax)
+    cons = constraints(tree, layout.pin_build / "constraints.txt", pin.relax)
     cpu_torch = pin.cpu_torch or CPU_TORCH
     key = _fingerprint(
         cons,
@@ -235,7 +232,7 @@ def build_fork(layout: trees.Layout) -> int:
 
     version = subprocess.run(
         [str(py), "-c", "import vllm; print(vllm.__version__)"],
-        capture_output=True, text=True, cwd=layout.build,
+        capture_output=True, text=True, cwd=layout.pin_build,
     )  # fmt: skip
     shown = (version.stdout.strip().splitlines() or ["?"])[-1]
     print(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import stack, trees, upstream
+from . import stack, trees
 from .git import Git
 
 TEMPLATE = Path(__file__).with_name("pr_template.md")
@@ -28,15 +28,12 @@ def _clean_head(git: Git) -> None:
         git.run("commit", "--amend", "--quiet", "--no-verify", "-F", "-", stdin=cleaned)
 
 
-def make_pr_branch(layout: trees.Layout, dry_run: bool = False) -> int:
-    pin = upstream.read_pin(layout.root)
+def make_pr_branch(layout: trees.Layout) -> int:
+    pin = layout.pin()
     branch = f"tagma/pr/{pin.version}"
     if Git(layout.root).run("var", "GIT_COMMITTER_IDENT", check=False).returncode:
         print("set git user.name and user.email: the DCO sign-off needs them")
         return 2
-    if dry_run:
-        print(f"would create {branch} in {layout.pr}")
-        return 0
     base = trees.ensure_base(layout, pin)
     names = trees.series_names(layout)
     git = trees.new_tree(layout, layout.pr, base, branch)
@@ -57,7 +54,7 @@ def make_pr_branch(layout: trees.Layout, dry_run: bool = False) -> int:
         _clean_head(git)
     log = git.out("log", "--reverse", "--format=- %s", f"{base}..HEAD")
     text = TEMPLATE.read_text().format(version=pin.version, commits=log, branch=branch)
-    description = layout.build / "PR_DESCRIPTION.md"
+    description = layout.pin_build / "PR_DESCRIPTION.md"
     description.write_text(text)
     print(
         f"PR branch {branch} ready in {layout.pr} ({len(names) + 1} commits).\n"

@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
-"""Move the stack onto another vLLM release.
+"""Port a pin's stack to another vLLM release, as a new stack folder.
 
-The stack is imported onto the new pristine base in build/rebase with a
-3-way merge. At the first conflict the import stops and leaves the worktree
-in `git am` so the user resolves it there; `--continue` and `--abort` pick
-up from a small state file. patches/ and upstream/ are written only when
-every patch has applied, so an abort (or a crash) loses nothing.
+The stack of the source pin (patches/vllm-<old>/) is imported onto the new
+pristine base in build/rebase with a 3-way merge. At the first conflict the
+import stops and leaves the tree in `git am` so the user resolves it there;
+`--continue` and `--abort` pick up from a small state file. The new folder
+patches/vllm-<new>/ (pin, series, patches, the conformance manifest to
+review) is written only when every patch has applied, staged beside and moved
+in with one rename; the source folder is never written. So an abort, an
+interrupt or a crash leaves patches/ as it was, or with the finished new
+stack, never half of it; `--abort` checks that and says which.
 
 The import runs with git rerere on (a resolution recorded once is replayed
 when the same conflict comes back, e.g. after an abort and a second try), and
@@ -28,19 +32,25 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import stack, trees, upstream
+from . import atomic, stack, trees, upstream
+from .errors import EXIT_CONFLICT, EXIT_FAIL, EXIT_USAGE, ToolError
 from .git import Git, GitError
 
-EXIT_CONFLICT = 3
 BRANCH = "tagma/rebase"
+# The non-patch files a new stack folder inherits from its source.
+CARRIED = ("conformance.toml",)
 
 
 @dataclass(slots=True)
 class State:
     """What a stopped rebase needs to resume."""
 
-    # The pin being moved to.
+    # The pin being ported to.
     pin: dict[str, Any]
+    # The source pin's version.
+    source: str
+    # atomic.digest of patches/ when the rebase started (what abort restores).
+    digest: str
     # Patches still to import after the one that stopped, in order.
     remaining: list[str]
     # The patch that stopped the import.
@@ -55,6 +65,10 @@ class State:
 
 def _state_path(layout: trees.Layout) -> Path:
     return layout.build / "rebase-state.json"
+
+
+def _save_state(layout: trees.Layout, state: State) -> None:
+    atomic.write_file(_state_path(layout), json.dumps(asdict(state), indent=1).encode())
 
 
 def load_state(layout: trees.Layout) -> State | None:
@@ -72,12 +86,12 @@ def dry_run(
     A patch that conflicts is skipped and the next is tried on the tree
     without it, so one report shows every patch that needs work.
     """
-    old = upstream.read_pin(layout.root)
+    old = layout.pin()
     trees.ensure_base(layout, old)  # preimage blobs for the 3-way merges
     base = trees.ensure_base(layout, pin)
     names = trees.series_names(layout)
     rows: list[tuple[str, str, list[str]]] = []
-    with tempfile.TemporaryDirectory(dir=layout.build) as tmp:
+    with tempfile.TemporaryDirectory(dir=layout.pin_build) as tmp:
         git = trees.new_tree(layout, Path(tmp) / "try", base, None)
         for name in names:
             patch = layout.patches / name
@@ -95,10 +109,20 @@ def dry_run(
 
 
 def start(layout: trees.Layout, pin: upstream.Pin) -> int:
+    """Port `layout`'s stack to `pin`, as patches/vllm-<pin.version>/."""
     if load_state(layout) is not None:
-        print("a rebase is already stopped; use --continue or --abort")
-        return 2
-    old = upstream.read_pin(layout.root)
+        raise ToolError(
+            "a rebase is already stopped; make rebase-continue or make rebase-abort",
+            EXIT_USAGE,
+        )
+    target = upstream.stack_dir(layout.root, pin.version)
+    if target.exists():
+        raise ToolError(
+            f"{target.relative_to(layout.root)} exists already: vllm {pin.version} "
+            "has a stack. To port again, remove it first (git rm -r).",
+            EXIT_USAGE,
+        )
+    old = layout.pin()
     # The [build] table (cpu torch, relaxed lock pins) is carried over: the
     # index cannot say what the new release needs; review it after the move.
     pin = replace(pin, cpu_torch=old.cpu_torch, relax=dict(old.relax))
@@ -108,7 +132,8 @@ def start(layout: trees.Layout, pin: upstream.Pin) -> int:
     trees.place_engine(layout, layout.rebase, link=True)
     names = trees.series_names(layout)
     print(f"rebasing {len(names)} patches: vllm {old.version} -> {pin.version}")
-    return _run(layout, git, pin, names)
+    digest = atomic.digest(layout.stacks)
+    return _run(layout, git, pin, names, digest)
 
 
 # How a patch went onto the new base (the report's status column).
@@ -124,6 +149,7 @@ def _run(
     git: Git,
     pin: upstream.Pin,
     names: list[str],
+    digest: str,
     rows: list[list] | None = None,
 ) -> int:
     rows = rows if rows is not None else []
@@ -142,9 +168,10 @@ def _run(
             failure = None
         if failure is not None:
             state = State(
-                asdict(pin), names[i + 1 :], name, rows, time.time(), failure.files
-            )
-            _state_path(layout).write_text(json.dumps(asdict(state), indent=1))
+                asdict(pin), layout.version, digest, names[i + 1 :], name, rows,
+                time.time(), failure.files,
+            )  # fmt: skip
+            _save_state(layout, state)
             _report_conflict(layout, failure)
             return EXIT_CONFLICT
         stack.tag_commit(git, name)
@@ -184,7 +211,7 @@ def _report_conflict(layout: trees.Layout, failure: stack.ApplyFailure) -> None:
         f"  resolve them in {layout.rebase}, then:\n"
         f"    git -C {layout.rebase} add <files>\n"
         "    make rebase-continue      (or: python -m tagma_fork rebase --continue)\n"
-        "  or give up, keeping patches/ and upstream/ as they were:\n"
+        "  or give up, keeping patches/ as it was:\n"
         "    make rebase-abort         (or: python -m tagma_fork rebase --abort)\n"
     )
 
@@ -192,8 +219,15 @@ def _report_conflict(layout: trees.Layout, failure: stack.ApplyFailure) -> None:
 def resume(layout: trees.Layout) -> int:
     state = load_state(layout)
     if state is None:
-        print("no rebase is stopped")
-        return 2
+        raise ToolError("no rebase is stopped", EXIT_USAGE)
+    layout = layout.for_version(state.source)
+    target = upstream.stack_dir(layout.root, state.pin["version"])
+    if target.exists():
+        # Cut short after the final rename: the new stack is complete.
+        _state_path(layout).unlink()
+        trees.remove_tree(layout, layout.rebase)
+        print(f"the rebase had finished: {target.relative_to(layout.root)}/ is written")
+        return 0
     git = Git(layout.rebase)
     if git.unmerged_files():
         print(f"still unmerged: {', '.join(git.unmerged_files())}")
@@ -208,54 +242,74 @@ def resume(layout: trees.Layout) -> int:
     minutes = (time.time() - state.stopped_at) / 60 if state.stopped_at else 0.0
     state.rows.append([state.current, RESOLVED, state.conflicts, minutes])
     print(f"  {state.current}: {RESOLVED} in {minutes:.0f} min")
-    return _run(layout, git, upstream.Pin(**state.pin), state.remaining, state.rows)
+    return _run(
+        layout, git, upstream.Pin(**state.pin), state.remaining, state.digest,
+        state.rows,
+    )  # fmt: skip
 
 
 def abort(layout: trees.Layout) -> int:
-    if load_state(layout) is None and not layout.rebase.exists():
+    """Give up a rebase and prove that patches/ is as it was before it."""
+    state = load_state(layout)
+    if state is None and not layout.rebase.exists():
         print("no rebase to abort")
         return 0
-    git = Git(layout.rebase)
-    if layout.rebase.exists() and git.am_in_progress():
-        git.run("am", "--abort")
-    trees.remove_tree(layout, layout.rebase)
+    if layout.rebase.exists():
+        git = Git(layout.rebase)
+        if git.am_in_progress():
+            git.run("am", "--abort")
+        trees.remove_tree(layout, layout.rebase)
+    notes = atomic.recover(layout.stacks)
+    if state is not None:
+        # The new folder is this rebase's own (start refuses an existing one);
+        # it exists only if the rebase was cut short after its final rename.
+        target = upstream.stack_dir(layout.root, state.pin["version"])
+        if target.exists():
+            shutil.rmtree(target)
+            notes.append(f"{target.name}: removed the new stack")
+    for line in notes:
+        print(f"  {line}")
     _state_path(layout).unlink(missing_ok=True)
-    print("rebase aborted; patches/ and upstream/ are unchanged")
+    if state is not None and atomic.digest(layout.stacks) != state.digest:
+        print(
+            "rebase aborted, but patches/ differs from when the rebase started "
+            "(edited since?): review `git status patches/`"
+        )
+        return EXIT_FAIL
+    print("rebase aborted; patches/ is as it was before the rebase (verified)")
     return 0
 
 
 def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin, rows: list[list]) -> int:
-    base = trees.base_ref(pin.version)
-    # Export into a scratch folder first: patches/ changes in one step.
-    staged = layout.build / "rebase-patches"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir()
-    stack.export(git, base, staged)
-    old_dir = layout.build / "rebase-old-patches"
-    shutil.rmtree(old_dir, ignore_errors=True)
-    shutil.copytree(layout.patches, old_dir)
-    for path in layout.patches.iterdir():
-        if path.name == "series" or path.suffix == ".patch":
-            path.unlink()
-    for path in staged.iterdir():
-        shutil.copy2(path, layout.patches / path.name)
-    old = upstream.read_pin(layout.root)
-    upstream.write_pin(layout.root, pin)
-    _state_path(layout).unlink(missing_ok=True)
+    old = layout.pin()
+    target = upstream.stack_dir(layout.root, pin.version)
     out = results_dir(layout, old.version, pin.version)
-    range_diff = _range_diff(layout, git, old, pin, old_dir, out / "range-diff.txt")
-    report = write_report(out / "report.md", old, pin, rows, range_diff)
+    # Everything is written and reported before the one rename that makes
+    # the new stack folder appear.
+    with atomic.replacing(target, copy=False) as stage:
+        upstream.write_pin(stage, pin)
+        for name in CARRIED:
+            if (layout.patches / name).exists():
+                shutil.copy2(layout.patches / name, stage / name)
+        stack.export(git, trees.base_ref(pin.version), stage)
+        range_diff = _range_diff(layout, git, old, pin, out / "range-diff.txt")
+        report = write_report(out / "report.md", old, pin, rows, range_diff)
+    _state_path(layout).unlink(missing_ok=True)
+    trees.remove_tree(layout, layout.rebase)
     carried = ""
     if pin.cpu_torch or pin.relax:
         carried = (
-            "\n  upstream/vllm.toml's [build] table was carried over from "
+            "\n  pin.toml's [build] table was carried over from "
             f"{old.version}: review it for {pin.version}"
         )
+    rel = target.relative_to(layout.root)
     print(
-        f"\nrebased onto vllm {pin.version}: patches/ and upstream/vllm.toml "
-        f"written.\n  the old stack is kept in {old_dir}\n"
+        f"\nported to vllm {pin.version}: {rel}/ written "
+        f"({layout.patches.relative_to(layout.root)}/ unchanged).\n"
         f"  per-patch report:             {report}\n"
-        f"  range-diff of the two stacks: {range_diff}{carried}"
+        f"  range-diff of the two stacks: {range_diff}{carried}\n"
+        f"  next: review {rel}/conformance.toml, then "
+        f"make build-fork test VLLM_VERSION={pin.version}"
     )
     return 0
 
@@ -302,14 +356,13 @@ def _range_diff(
     git: Git,
     old: upstream.Pin,
     new: upstream.Pin,
-    old_dir: Path,
     report: Path,
 ) -> Path:
     """`git range-diff` of the old stack (on its base) against the new one."""
-    old_tree = layout.build / "rebase-old-tree"
+    old_tree = layout.pin_build / "rebase-old-tree"
     base = trees.ensure_base(layout, old)
     old_git = trees.new_tree(layout, old_tree, base, None)
-    stack.import_patches(old_git, old_dir, stack.read_series(old_dir))
+    stack.import_patches(old_git, layout.patches, stack.read_series(layout.patches))
     old_head = old_git.out("rev-parse", "HEAD")
     trees.remove_tree(layout, old_tree)
     text = git.out(

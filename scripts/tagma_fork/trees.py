@@ -3,15 +3,17 @@
 """The trees under build/: pristine bases, the build tree, the worktree.
 
 One bare repository, build/upstream.git, holds every pristine release the
-stack has met as a root commit tagged `upstream/v<version>` (made with a fixed
-identity and date, so its id depends only on the sdist). Every tree is a
-linked worktree of it, so a 3-way merge finds the old preimage blobs:
+stacks have met as a root commit tagged `upstream/v<version>` (made with a
+fixed identity and date, so its id depends only on the sdist). Every tree is
+a linked worktree of it, so a 3-way merge finds the old preimage blobs. Each
+pin has a build folder of its own:
 
-    build/upstream.git   upstream/v0.25.1, upstream/v0.26.0, ...
-    build/tree           detached: base + one commit per patch (make apply)
-    build/worktree       branch tagma/patches: where patches are edited
-    build/rebase         branch tagma/rebase: a rebase in progress
-    build/pr             branch tagma/pr/<version>: the upstream PR
+    build/upstream.git          upstream/v0.26.0, upstream/v0.33.0, ...
+    build/vllm-<v>/venv         the patched vLLM and the tools
+    build/vllm-<v>/tree         detached: base + one commit per patch (make apply)
+    build/vllm-<v>/worktree     branch tagma/patches/<v>: where patches are edited
+    build/vllm-<v>/pr           branch tagma/pr/<v>: the upstream PR
+    build/rebase                branch tagma/rebase: a rebase in progress
 
 The engine (csrc/tagma) has one copy, in the project; trees get a copy
 (build tree, PR branch) or a symlink (worktree, so edits land in the project).
@@ -34,22 +36,41 @@ ENGINE = Path("csrc/tagma")
 
 @dataclass(slots=True, frozen=True)
 class Layout:
-    """Where everything lives."""
+    """Where everything of one pin lives."""
 
-    # The project checkout (holds patches/, upstream/, csrc/tagma).
+    # The project checkout (holds patches/, csrc/tagma).
     root: Path
-    # git-ignored build folder.
+    # git-ignored build folder, shared by every pin.
     build: Path
+    # The pinned vLLM release this layout is about.
+    version: str
 
     @classmethod
-    def find(cls) -> Layout:
+    def find(cls, version: str | None = None) -> Layout:
+        """The checkout this package lives in, for `version` (default pin)."""
         root = Path(__file__).resolve().parents[2]
         build = Path(os.environ.get("TAGMA_BUILD", root / "build")).resolve()
-        return cls(root, build)
+        return cls(root, build, version or upstream.default_version(root))
+
+    def for_version(self, version: str) -> Layout:
+        return Layout(self.root, self.build, version)
+
+    @property
+    def stacks(self) -> Path:
+        """The folder that holds every pin's stack folder."""
+        return self.root / upstream.STACKS
 
     @property
     def patches(self) -> Path:
-        return self.root / "patches"
+        """This pin's stack folder: pin.toml, series, *.patch, conformance.toml."""
+        return upstream.stack_dir(self.root, self.version)
+
+    @property
+    def pin_build(self) -> Path:
+        return self.build / f"vllm-{self.version}"
+
+    def pin(self) -> upstream.Pin:
+        return upstream.read_pin(self.patches)
 
     @property
     def bare(self) -> Path:
@@ -57,11 +78,11 @@ class Layout:
 
     @property
     def tree(self) -> Path:
-        return self.build / "tree"
+        return self.pin_build / "tree"
 
     @property
     def worktree(self) -> Path:
-        return self.build / "worktree"
+        return self.pin_build / "worktree"
 
     @property
     def rebase(self) -> Path:
@@ -69,7 +90,7 @@ class Layout:
 
     @property
     def pr(self) -> Path:
-        return self.build / "pr"
+        return self.pin_build / "pr"
 
 
 def base_ref(version: str) -> str:
@@ -78,7 +99,7 @@ def base_ref(version: str) -> str:
 
 def ensure_base(layout: Layout, pin: upstream.Pin) -> str:
     """The pristine base commit of `pin`, made from its sdist if needed."""
-    layout.build.mkdir(parents=True, exist_ok=True)
+    layout.pin_build.mkdir(parents=True, exist_ok=True)
     bare = Git(layout.bare)
     if not layout.bare.exists():
         layout.bare.mkdir()
@@ -113,6 +134,12 @@ def ensure_base(layout: Layout, pin: upstream.Pin) -> str:
         commit = git.run("commit-tree", tree, stdin=message).stdout.strip()
         git.run("update-ref", ref, commit)
     return commit
+
+
+def base_of(git: Git) -> str | None:
+    """The root commit HEAD descends from (a worktree's upstream base)."""
+    roots = git.run("rev-list", "--max-parents=0", "HEAD", check=False).stdout.split()
+    return roots[0] if len(roots) == 1 else None
 
 
 def remove_tree(layout: Layout, path: Path) -> None:

@@ -2,26 +2,39 @@
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
 """The upstream pin: which vLLM release the stack sits on, and its bytes.
 
-`upstream/vllm.toml` records the version, the sdist and x86_64 wheel file
-names and their sha256. Files are fetched through the package index that
-pip is configured with (pypi-simple reads the index's own digests), cached,
-and refused when their sha256 differs from the pin.
+Each pin is one stack folder, `patches/vllm-<version>/`, whose `pin.toml`
+records the version, the sdist and x86_64 wheel file names and their sha256;
+`patches/default` names the default pin. Files are fetched through the
+package index that pip is configured with (pypi-simple reads the index's own
+digests), cached, and refused when their sha256 differs from the pin.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-PIN_FILE = Path("upstream/vllm.toml")
+if TYPE_CHECKING:
+    from pypi_simple import ProjectPage, PyPISimple
+
+PIN_FILE = "pin.toml"
+STACKS = Path("patches")
+DEFAULT_FILE = STACKS / "default"
+# A release version as the tools accept it (no shell metacharacters, no
+# path separators): 0.26.0, 0.27.0rc1, 1.0.0.post1.
+VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.(post|dev)[0-9]+)?$")
 WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 
 
@@ -47,8 +60,8 @@ class Pin:
 
     def dump(self) -> str:
         text = (
-            "# The pinned upstream release. Written by `make rebase`; read by"
-            " every verb.\n"
+            "# The pinned upstream release of this stack. Written by `make"
+            " rebase`; read by every verb.\n"
             "# The sdist is the source; the wheel is the source of precompiled"
             " kernels.\n"
             "[vllm]\n"
@@ -80,17 +93,57 @@ class FetchError(RuntimeError):
     """A file could not be fetched or failed its checksum."""
 
 
-def read_pin(root: Path) -> Pin:
-    with open(root / PIN_FILE, "rb") as f:
+def check_version(version: str) -> str:
+    """`version` if it is a release version, else a clear error."""
+    if not VERSION_RE.match(version):
+        raise ValueError(f"{version!r} is not a vLLM release version (e.g. 0.26.0)")
+    return version
+
+
+def stack_dir(root: Path, version: str) -> Path:
+    """The folder of the stack pinned to `version`."""
+    return root / STACKS / f"vllm-{check_version(version)}"
+
+
+def default_version(root: Path) -> str:
+    """The default pin, as `patches/default` names it."""
+    path = root / DEFAULT_FILE
+    if not path.exists():
+        raise ValueError(f"{path} does not exist: it names the default pin")
+    return check_version(path.read_text().strip())
+
+
+def versions(root: Path) -> list[str]:
+    """Every pinned version (each folder with a pin.toml), oldest first."""
+    found = [
+        p.name.removeprefix("vllm-")
+        for p in (root / STACKS).glob("vllm-*")
+        if (p / PIN_FILE).is_file()
+    ]
+    from packaging.version import Version
+
+    return sorted(found, key=Version)
+
+
+def read_pin(stack: Path) -> Pin:
+    """The pin of one stack folder."""
+    path = stack / PIN_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist")
+    with open(path, "rb") as f:
         doc = tomllib.load(f)
     data = doc["vllm"]
     build = doc.get("build", {})
     unknown = set(build) - {"cpu_torch", "relax"}
     if unknown:
-        raise ValueError(f"{PIN_FILE}: unknown [build] keys {sorted(unknown)}")
+        raise ValueError(f"{path}: unknown [build] keys {sorted(unknown)}")
     relax = build.get("relax", {})
     if not all(isinstance(v, str) and v.strip() for v in relax.values()):
-        raise ValueError(f"{PIN_FILE}: every [build.relax] entry needs a reason")
+        raise ValueError(f"{path}: every [build.relax] entry needs a reason")
+    if stack.name != f"vllm-{data.get('version')}":
+        raise ValueError(
+            f"{path}: version {data.get('version')!r} is not {stack.name}'s"
+        )
     return Pin(
         **{k: str(data[k]) for k in ("version", "sdist", "sdist_sha256", "wheel",
                                      "wheel_sha256")},
@@ -99,8 +152,8 @@ def read_pin(root: Path) -> Pin:
     )  # fmt: skip
 
 
-def write_pin(root: Path, pin: Pin) -> None:
-    path = root / PIN_FILE
+def write_pin(stack: Path, pin: Pin) -> None:
+    path = stack / PIN_FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(pin.dump())
     tmp.replace(path)
@@ -122,26 +175,124 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+# Every network call has a connect and a read timeout: an index that accepts
+# the connection and never answers must fail, not hang. Seconds; the
+# TAGMA_NET_TIMEOUT environment variable overrides it.
+NET_TIMEOUT = 30.0
+NET_TIMEOUT_ENV = "TAGMA_NET_TIMEOUT"
+
+
+def net_timeout() -> float:
+    """Seconds one connect, or one read, may take before it fails."""
+    raw = os.environ.get(NET_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return NET_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):  # NaN fails too
+        raise FetchError(f"{NET_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0")
+    return value
+
+
 def _index_url() -> str | None:
     """The index pip is configured with, if the user set one."""
     if url := os.environ.get("PIP_INDEX_URL"):
         return url
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-        capture_output=True,
-        text=True,
-    )
+    cmd = [sys.executable, "-m", "pip", "config", "get", "global.index-url"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        # Falling back to the default index would bypass the user's one.
+        raise FetchError("`pip config get global.index-url` hung for 60 s") from None
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def index_files(version: str) -> dict[str, str]:
-    """The index's file names and sha256 for one vLLM release."""
+def _client() -> PyPISimple:
     from pypi_simple import PyPISimple
 
     url = _index_url()
-    client = PyPISimple(url) if url else PyPISimple()
-    with client:
-        page = client.get_project_page("vllm")
+    return PyPISimple(url) if url else PyPISimple()
+
+
+@contextmanager
+def _network(what: str, url: str, timeout: float) -> Iterator[None]:
+    """Turn a failed network call into a one-line FetchError naming `url`."""
+    import requests
+    from pypi_simple import (
+        NoSuchProjectError,
+        UnsupportedContentTypeError,
+        UnsupportedRepoVersionError,
+    )
+
+    try:
+        yield
+    except NoSuchProjectError as e:
+        raise FetchError(f"{what} {url}: HTTP 404 (no such project)") from e
+    except requests.HTTPError as e:
+        r = e.response
+        status = f"HTTP {r.status_code} {r.reason}" if r is not None else str(e)
+        raise FetchError(f"{what} {url}: {_one_line(status)}") from e
+    except (
+        requests.RequestException,
+        OSError,
+        UnsupportedContentTypeError,
+        UnsupportedRepoVersionError,
+    ) as e:
+        raise FetchError(f"{what} {url}: {_why(e, timeout)}") from e
+
+
+def _why(exc: BaseException, timeout: float) -> str:
+    """What went wrong, in a few words, from an exception and its causes."""
+    import socket
+
+    import requests
+    import urllib3.exceptions
+
+    # requests wraps urllib3's errors, which wrap the socket's: look at all.
+    chain: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e in chain:
+            continue
+        chain.append(e)
+        links = [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
+        todo += [x for x in links if isinstance(x, BaseException)]
+
+    def has(*kinds: type[BaseException]) -> bool:
+        return any(isinstance(e, kinds) for e in chain)
+
+    # The socket's own errors first: urllib3's NewConnectionError (refused,
+    # unknown host) subclasses its ConnectTimeoutError.
+    if has(ConnectionRefusedError):
+        return "connection refused"
+    if has(ConnectionResetError):
+        return "connection reset by the server"
+    if has(socket.gaierror):
+        return "host name not found"
+    if has(requests.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError):
+        return f"timed out after {timeout:g} s connecting"
+    if has(requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError):
+        return f"timed out after {timeout:g} s waiting for an answer"
+    return _one_line(f"{type(exc).__name__}: {exc}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def index_files(version: str) -> dict[str, str]:
+    """The index's file names and sha256 for one vLLM release.
+
+    Raises:
+        FetchError: the index did not answer in time, refused the
+            connection, answered with an HTTP error, or lacks the release.
+    """
+    timeout = net_timeout()
+    with _client() as client:
+        page = _project_page(client, timeout)
     files = {
         p.filename: p.digests.get("sha256", "")
         for p in page.packages
@@ -150,6 +301,12 @@ def index_files(version: str) -> dict[str, str]:
     if not files:
         raise FetchError(f"vllm {version} is not on the package index")
     return files
+
+
+def _project_page(client: PyPISimple, timeout: float) -> ProjectPage:
+    url = client.get_project_url("vllm")
+    with _network("package index", url, timeout):
+        return client.get_project_page("vllm", timeout=(timeout, timeout))
 
 
 def pin_for(version: str) -> Pin:
@@ -166,8 +323,9 @@ def fetch(filename: str, sha256: str, version: str) -> Path:
     """Return the cached file, downloading it first if needed.
 
     Raises:
-        FetchError: the download failed or its sha256 is not the pinned one.
-            A mismatching file is never left in the cache.
+        FetchError: the download failed (timed out, refused, HTTP error: the
+            message names the URL) or its sha256 is not the pinned one. A
+            mismatching file is never left in the cache.
     """
     path = cache_dir() / filename
     if path.exists():
@@ -178,19 +336,22 @@ def fetch(filename: str, sha256: str, version: str) -> Path:
             f"{path}: sha256 {got} does not match the pin {sha256}; "
             "remove the file to fetch it again"
         )
-    from pypi_simple import PyPISimple
-
-    url = _index_url()
+    timeout = net_timeout()
     print(f"fetching {filename} ...", flush=True)
-    with PyPISimple(url) if url else PyPISimple() as client:
-        page = client.get_project_page("vllm")
+    with _client() as client:
+        page = _project_page(client, timeout)
         found = [p for p in page.packages if p.filename == filename]
         if not found:
             raise FetchError(f"{filename} is not on the package index ({version})")
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
         os.close(fd)
         try:
-            client.download_package(found[0], path=tmp, verify=False)
+            # The read timeout bounds each wait for data, not the whole
+            # download: a slow but live mirror still gets there.
+            with _network("downloading", found[0].url, timeout):
+                client.download_package(
+                    found[0], path=tmp, verify=False, timeout=(timeout, timeout)
+                )
             got = sha256_of(Path(tmp))
             if got != sha256:
                 raise FetchError(

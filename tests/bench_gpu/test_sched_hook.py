@@ -48,11 +48,12 @@ print("runs", bench.runs_per_request(s))
 
 
 def _vllm_python() -> str:
-    py = ROOT / "build/venv/bin/python"
-    probe = subprocess.run([str(py), "-c", "import vllm"], capture_output=True)
+    # make test-bench-gpu runs this from the pin's venv, where vLLM is.
+    py = sys.executable
+    probe = subprocess.run([py, "-c", "import vllm"], capture_output=True)
     if probe.returncode != 0:
-        pytest.fail("needs `make build-fork` (vllm importable from build/venv)")
-    return str(py)
+        pytest.fail("needs `make build-fork` (vllm importable from the pin's venv)")
+    return py
 
 
 @pytest.mark.parametrize("backend", ["paged", "tagma"])

@@ -2,12 +2,14 @@
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
 """Run vLLM's own tests from the patched tree on CPU, under one KV backend.
 
-    build/venv/bin/python tests/conformance/run.py [--backend paged|tagma]
-        [--suite tests/v1/core ...] [--out build/results/conformance]
+    build/vllm-<v>/venv/bin/python tests/conformance/run.py
+        --tree build/vllm-<v>/tree --manifest patches/vllm-<v>/conformance.toml
+        [--backend paged|tagma] [--suite tests/v1/core ...] [--out DIR]
 
-The suites run from build/tree with the CPU platform plugin, no model hub
-(test model names are redirected to config-only folders in models/), and the
-tests listed in deselect.toml left out with their reason. Any other failure
+(`make test-conformance` passes these for the selected pin.) The suites run
+from the pin's tree with the CPU platform plugin, no model hub (test model
+names are redirected to config-only folders in models/), and the tests the
+pin's manifest lists left out with their reason. Any other failure
 fails the run. Counts (collected, passed, failed, errors, skipped,
 deselected) go to `<out>/<backend>.json` and are printed.
 """
@@ -47,10 +49,10 @@ def redirect_file(out: Path) -> Path:
     return path
 
 
-def manifest(backend: str) -> tuple[list[tuple[str, str]], list[dict]]:
+def manifest(path: Path, backend: str) -> tuple[list[tuple[str, str]], list[dict]]:
     """(node id, reason) of every test left out for `backend`, and the
     expected failures (tests, match, reason) for `backend`."""
-    with open(HERE / "deselect.toml", "rb") as f:
+    with open(path, "rb") as f:
         data = tomllib.load(f)
 
     def applies(entry: dict) -> bool:
@@ -123,7 +125,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="paged", choices=["paged", "tagma"])
     parser.add_argument("--suite", action="append", help="default: DEFAULT_SUITES")
-    parser.add_argument("--tree", default=str(ROOT / "build" / "tree"))
+    parser.add_argument("--tree", required=True, help="the pin's patched tree")
+    parser.add_argument("--manifest", required=True, help="the pin's conformance.toml")
     parser.add_argument(
         "--out", default=str(ROOT / "build" / "results" / "conformance")
     )
@@ -133,7 +136,7 @@ def main() -> int:
     tree, out = Path(args.tree), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suites = args.suite or list(DEFAULT_SUITES)
-    skip, expect = manifest(args.backend)
+    skip, expect = manifest(Path(args.manifest), args.backend)
     expected_tests = [t for e in expect for t in e["tests"]]
     junit = out / f"{args.backend}.xml"
     env = {
@@ -154,7 +157,7 @@ def main() -> int:
     ]  # fmt: skip
     print(
         f"==> {' '.join(suites)} under --kv-cache-backend {args.backend} "
-        f"({len(skip)} deselected, see tests/conformance/deselect.toml)",
+        f"({len(skip)} deselected, see {args.manifest})",
         flush=True,
     )
     t0 = time.monotonic()

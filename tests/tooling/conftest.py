@@ -4,8 +4,8 @@
 
 The fixtures build small sdists (tar.gz with one top folder, like vLLM's),
 put them in a private cache under their pinned sha256, and lay out a project
-(patches/, upstream/, csrc/tagma) so that every verb runs for real, quickly,
-and without the network.
+(patches/default, patches/vllm-<v>/, csrc/tagma) so that every verb runs for
+real, quickly, and without the network.
 """
 
 from __future__ import annotations
@@ -58,39 +58,52 @@ class Project:
         self.cache.mkdir()
         monkeypatch.setenv("TAGMA_CACHE", str(self.cache))
         root = tmp / "proj"
-        (root / "patches").mkdir(parents=True)
-        (root / "upstream").mkdir()
         (root / "csrc/tagma").mkdir(parents=True)
         (root / "csrc/tagma/engine.h").write_text("// engine\n")
-        (root / "patches/series").write_text("")
-        self.layout = trees.Layout(root, tmp / "build")
+        (root / "patches").mkdir()
+        (root / "patches/default").write_text("9.0.0\n")
         self.pin = make_sdist(self.cache, "9.0.0", BASE_FILES)
-        upstream.write_pin(root, self.pin)
+        self.layout = trees.Layout(root, tmp / "build", "9.0.0")
+        self.patches.mkdir()
+        (self.patches / "series").write_text("")
+        (self.patches / "conformance.toml").write_text("# deselect nothing\n")
+        upstream.write_pin(self.patches, self.pin)
 
     @property
     def patches(self) -> Path:
         return self.layout.patches
 
     def snapshot(self) -> dict[str, bytes]:
-        """Every file under patches/ and upstream/, for before/after checks."""
-        out = {}
-        for sub in ("patches", "upstream"):
-            for p in sorted((self.layout.root / sub).iterdir()):
-                out[f"{sub}/{p.name}"] = p.read_bytes()
-        return out
+        """Every file under patches/ (every pin), for before/after checks."""
+        top = self.layout.root / "patches"
+        return {
+            str(p.relative_to(top)): p.read_bytes()
+            for p in sorted(top.rglob("*"))
+            if p.is_file()
+        }
+
+    def restore(self, snap: dict[str, bytes]) -> None:
+        """Make patches/ exactly `snap` again."""
+        import shutil
+
+        top = self.layout.root / "patches"
+        shutil.rmtree(top)
+        for rel, data in snap.items():
+            (top / rel).parent.mkdir(parents=True, exist_ok=True)
+            (top / rel).write_bytes(data)
 
     def add_patch(self, name: str, edit: Callable[[Path], None], subject: str) -> None:
         """Make a worktree, apply `edit`, commit it as patch `name`, export."""
-        from tagma_fork import cli, stack
+        from tagma_fork import ops, stack
 
-        assert cli.cmd_worktree(self.layout, _ns(force=True)) == 0
+        ops.worktree(self.layout, force=True)
         wt = self.layout.worktree
         edit(wt)
         git = Git(wt)
         git.run("add", "-A")
         git.run("commit", "-q", "-m", header(subject))
         stack.tag_commit(git, name)
-        assert cli.cmd_export(self.layout, _ns()) == 0
+        ops.export(self.layout)
 
 
 def header(subject: str) -> str:
@@ -99,14 +112,6 @@ def header(subject: str) -> str:
         "Forwarded: no\nOrigin: vendor\nLast-Update: 2026-11-30\n"
         "Signed-off-by: Test <test@example.invalid>\n"
     )
-
-
-def _ns(**kw: object):
-    import argparse
-
-    base = dict(dry_run=False, force=False, to=None, cont=False, abort=False)
-    base.update(kw)
-    return argparse.Namespace(**base)
 
 
 def replace_line(path: Path, old: str, new: str) -> None:
@@ -122,11 +127,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     monkeypatch.setenv("GIT_COMMITTER_NAME", "Test")
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "test@example.invalid")
     return Project(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def ns():
-    return _ns
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
-"""build-fork's pin settings: the [build] table of upstream/vllm.toml."""
+"""build-fork's pin settings: the [build] table of a pin.toml."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def _constraint(cons: Path, name: str) -> Requirement:
 
 def test_pin_without_build_table_is_unchanged(project: Project) -> None:
     # A pin written before [build] existed (0.25.1's) reads and dumps as it was.
-    text = (project.layout.root / upstream.PIN_FILE).read_text()
+    text = (project.patches / upstream.PIN_FILE).read_text()
     assert "[build]" not in text
-    pin = upstream.read_pin(project.layout.root)
+    pin = upstream.read_pin(project.patches)
     assert (pin.cpu_torch, pin.relax) == ("", {})
     assert pin.dump() == text
 
@@ -50,15 +50,15 @@ def test_build_table_round_trips(project: Project) -> None:
         cpu_torch="torch==2.14.1",
         relax={"certifi": 'the index has only "post1"'},
     )  # fmt: skip
-    upstream.write_pin(project.layout.root, pin)
-    assert upstream.read_pin(project.layout.root) == pin
+    upstream.write_pin(project.patches, pin)
+    assert upstream.read_pin(project.patches) == pin
 
 
 def test_relax_needs_a_reason(project: Project) -> None:
-    path = project.layout.root / upstream.PIN_FILE
+    path = project.patches / upstream.PIN_FILE
     path.write_text(path.read_text() + '\n[build.relax]\ncertifi = ""\n')
     with pytest.raises(ValueError, match="needs a reason"):
-        upstream.read_pin(project.layout.root)
+        upstream.read_pin(project.patches)
 
 
 def test_constraints_pin_exactly_without_relax(tmp_path: Path) -> None:

@@ -53,13 +53,22 @@ def test_rebase_three_way_succeeds_and_moves_the_pin(two_patches: Project) -> No
     rows = rebase.dry_run(two_patches.layout, pin)
     assert rows[0][:2] == ("cache-field.patch", "applies with 3-way")
 
+    before = two_patches.snapshot()
     assert rebase.start(two_patches.layout, pin) == 0
-    assert upstream.read_pin(two_patches.layout.root) == pin
-    assert stack.read_series(two_patches.patches) == [
+    new_stack = two_patches.layout.for_version("9.1.0").patches
+    assert upstream.read_pin(new_stack) == pin
+    assert stack.read_series(new_stack) == [
         "cache-field.patch",
         "new-module.patch",
     ]
-    new = (two_patches.patches / "cache-field.patch").read_text()
+    # The source stack is untouched; the new one carries its manifest.
+    after = two_patches.snapshot()
+    assert {k: v for k, v in after.items() if k.startswith("vllm-9.0.0/")} == {
+        k: v for k, v in before.items() if k.startswith("vllm-9.0.0/")
+    }
+    assert after["vllm-9.1.0/conformance.toml"] == before["vllm-9.0.0/conformance.toml"]
+    assert not two_patches.layout.rebase.exists()
+    new = (new_stack / "cache-field.patch").read_text()
     assert " line eight\n" in new  # context now comes from the new release
     assert rebase.load_state(two_patches.layout) is None
     out = two_patches.layout.build / "results/rebase/9.0.0-to-9.1.0"
@@ -98,10 +107,11 @@ def test_rebase_conflict_resolved_and_continued(two_patches: Project) -> None:
     (wt / "vllm/config/cache.py").write_text(resolved)
     Git(wt).run("add", "vllm/config/cache.py")
     assert rebase.resume(two_patches.layout) == 0
-    assert upstream.read_pin(two_patches.layout.root).version == "9.2.0"
-    patch = (two_patches.patches / "cache-field.patch").read_text()
+    new_stack = two_patches.layout.for_version("9.2.0").patches
+    assert upstream.read_pin(new_stack).version == "9.2.0"
+    patch = (new_stack / "cache-field.patch").read_text()
     assert "+line ten tagma\n" in patch and "-line ten\n" in patch
-    assert stack.lint(two_patches.patches) == []
+    assert stack.lint(new_stack) == []
 
 
 def test_rebase_report_times_the_resolution_and_rerere_replays_it(
@@ -131,8 +141,7 @@ def test_rebase_report_times_the_resolution_and_rerere_replays_it(
 
     # The same rebase again from the old stack: rerere replays the recorded
     # resolution, so it runs through without stopping, to the same patches.
-    for rel, data in before.items():
-        (two_patches.layout.root / rel).write_bytes(data)
+    two_patches.restore(before)
     assert rebase.start(two_patches.layout, pin) == 0
     assert two_patches.snapshot() == resolved
     report = (out / "report.md").read_text()
@@ -143,10 +152,9 @@ def test_rebase_report_times_the_resolution_and_rerere_replays_it(
 
 
 def test_rebase_carries_the_build_table_over(two_patches: Project) -> None:
-    root = two_patches.layout.root
-    old = upstream.read_pin(root)
+    old = two_patches.layout.pin()
     upstream.write_pin(
-        root,
+        two_patches.patches,
         upstream.Pin(
             old.version, old.sdist, old.sdist_sha256, old.wheel, old.wheel_sha256,
             cpu_torch="torch==2.14.1", relax={"certifi": "post1 only"},
@@ -154,7 +162,7 @@ def test_rebase_carries_the_build_table_over(two_patches: Project) -> None:
     )  # fmt: skip
     pin = _release(two_patches, "9.1.0")
     assert rebase.start(two_patches.layout, pin) == 0
-    moved = upstream.read_pin(root)
+    moved = two_patches.layout.for_version("9.1.0").pin()
     assert moved.version == "9.1.0" and moved.sdist_sha256 == pin.sdist_sha256
     assert moved.cpu_torch == "torch==2.14.1"
     assert moved.relax == {"certifi": "post1 only"}

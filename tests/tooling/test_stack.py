@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import Project, make_sdist, replace_line
 
-from tagma_fork import cli, stack, trees, upstream
+from tagma_fork import ops, stack, trees, upstream
+from tagma_fork.errors import ToolError
 from tagma_fork.git import Git
 
 
@@ -25,7 +26,7 @@ def test_fetch_refuses_checksum_mismatch(project: Project) -> None:
 
 def test_base_commit_is_deterministic(project: Project, tmp_path: Path) -> None:
     first = trees.ensure_base(project.layout, project.pin)
-    other = trees.Layout(project.layout.root, tmp_path / "other-build")
+    other = trees.Layout(project.layout.root, tmp_path / "other-build", "9.0.0")
     assert trees.ensure_base(other, project.pin) == first
     files = Git(project.layout.bare).out("ls-tree", "-r", "--name-only", first)
     assert "vllm.egg-info/PKG-INFO" not in files.splitlines()
@@ -33,8 +34,8 @@ def test_base_commit_is_deterministic(project: Project, tmp_path: Path) -> None:
     assert "README.md" in files.splitlines()
 
 
-def test_apply_places_patches_and_engine(two_patches: Project, ns) -> None:
-    assert cli.cmd_apply(two_patches.layout, ns()) == 0
+def test_apply_places_patches_and_engine(two_patches: Project) -> None:
+    assert ops.apply(two_patches.layout) == two_patches.layout.tree
     tree = two_patches.layout.tree
     assert "line 10 tagma\n" in (tree / "vllm/config/cache.py").read_text()
     assert (tree / "vllm/tagma.py").read_text() == "X = 1\n"
@@ -43,10 +44,10 @@ def test_apply_places_patches_and_engine(two_patches: Project, ns) -> None:
     assert Git(tree).out("status", "--porcelain") == ""
 
 
-def test_export_round_trip_is_lossless(two_patches: Project, ns) -> None:
+def test_export_round_trip_is_lossless(two_patches: Project) -> None:
     before = two_patches.snapshot()
-    assert cli.cmd_worktree(two_patches.layout, ns(force=True)) == 0
-    assert cli.cmd_export(two_patches.layout, ns()) == 0
+    ops.worktree(two_patches.layout, force=True)
+    assert ops.export(two_patches.layout) == []
     assert two_patches.snapshot() == before
     text = (two_patches.patches / "cache-field.patch").read_text()
     assert text.startswith(stack.ZERO_FROM)
@@ -57,22 +58,27 @@ def test_export_round_trip_is_lossless(two_patches: Project, ns) -> None:
     ]
 
 
-def test_check_passes_then_detects_hand_edit(two_patches: Project, ns, capsys) -> None:
-    assert cli.cmd_check(two_patches.layout, ns()) == 0
+def test_check_passes_then_detects_hand_edit(two_patches: Project) -> None:
+    assert ops.check(two_patches.layout) == 2
     patch = two_patches.patches / "cache-field.patch"
     # A hand edit that git still applies: a trailing space in the message.
     replace_line(patch, "Why this must be a patch.\n", "Why this must be a patch. \n")
-    assert cli.cmd_check(two_patches.layout, ns()) == 1
-    assert "drift" in capsys.readouterr().out
+    with pytest.raises(ToolError, match="drift: .*cache-field.patch"):
+        ops.check(two_patches.layout)
 
 
-def test_broken_patch_is_named(two_patches: Project, ns, capsys) -> None:
+def test_broken_patch_is_named_and_the_old_tree_kept(two_patches: Project) -> None:
+    ops.apply(two_patches.layout)
+    tree = two_patches.layout.tree
     patch = two_patches.patches / "cache-field.patch"
     replace_line(patch, "-line 10\n", "-line 10 but not upstream\n")
-    assert cli.cmd_apply(two_patches.layout, ns()) == 1
-    out = capsys.readouterr().out
-    assert "cache-field.patch does not apply" in out
-    assert "vllm/config/cache.py" in out
+    with pytest.raises(ToolError) as e:
+        ops.apply(two_patches.layout)
+    assert "cache-field.patch does not apply" in str(e.value)
+    assert "vllm/config/cache.py" in str(e.value)
+    # The tree the editable install points at is the last good one.
+    assert (tree / "vllm/tagma.py").exists()
+    assert not (two_patches.layout.pin_build / "tree.new").exists()
 
 
 def test_lint_reports_every_problem(two_patches: Project) -> None:
@@ -96,21 +102,20 @@ def test_lint_requires_header_trailers(two_patches: Project) -> None:
     ]
 
 
-def test_worktree_refuses_to_drop_unexported_work(two_patches: Project, ns) -> None:
-    assert cli.cmd_worktree(two_patches.layout, ns(force=True)) == 0
+def test_worktree_refuses_to_drop_unexported_work(two_patches: Project) -> None:
+    ops.worktree(two_patches.layout, force=True)
     wt = two_patches.layout.worktree
     (wt / "vllm/core.py").write_text("def f():\n    return 2\n")
-    assert cli.cmd_worktree(two_patches.layout, ns()) == 1
+    with pytest.raises(ToolError, match="uncommitted"):
+        ops.worktree(two_patches.layout)
     assert (wt / "vllm/core.py").read_text().endswith("return 2\n")
     assert (wt / "csrc/tagma").is_symlink()
 
 
-def test_quilt_push_gives_the_same_tree(
-    two_patches: Project, ns, tmp_path: Path
-) -> None:
+def test_quilt_push_gives_the_same_tree(two_patches: Project, tmp_path: Path) -> None:
     if shutil.which("quilt") is None:
-        pytest.fail("quilt is required (apt-get install quilt; ci/cpu.sh does)")
-    assert cli.cmd_apply(two_patches.layout, ns()) == 0
+        pytest.fail("quilt is required (make build-fork installs it)")
+    ops.apply(two_patches.layout)
     plain = tmp_path / "plain"
     plain.mkdir()
     upstream.extract_sdist(two_patches.cache / two_patches.pin.sdist, plain / "src")
@@ -171,7 +176,8 @@ def test_pr_branch_signs_off_each_commit(two_patches: Project) -> None:
     assert (two_patches.layout.pr / "csrc/tagma/engine.h").exists()
     assert git.out("status", "--porcelain") == ""
     assert (
-        "AI assistance" in (two_patches.layout.build / "PR_DESCRIPTION.md").read_text()
+        "AI assistance"
+        in (two_patches.layout.pin_build / "PR_DESCRIPTION.md").read_text()
     )
 
 
