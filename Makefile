@@ -87,11 +87,12 @@ check-pins: $(TOOLS) ## check every pin in patches/
 	$(FORK) check --all
 
 # rebase: VLLM_VERSION is the release to port to, FROM the pin to port from.
-rebase: $(TOOLS) ## port the stack of FROM (default pin) to VLLM_VERSION=<new> as a new pin (DRY_RUN=1 reports per patch)
 ifneq ($(filter command line environment,$(origin VLLM_VERSION)),)
+rebase: $(TOOLS) ## port the stack of FROM (default pin) to VLLM_VERSION=<new> as a new pin (DRY_RUN=1 reports per patch)
 	PYTHONPATH=scripts $(PY) -m tagma_fork --pin $(or $(FROM),$(DEFAULT_VERSION)) \
 	  rebase --to $(VLLM_VERSION) $(if $(DRY_RUN),--dry-run)
 else
+rebase:
 	@echo "usage: make rebase VLLM_VERSION=<new release> [FROM=<pin>] [DRY_RUN=1]"; exit 2
 endif
 

@@ -4,8 +4,7 @@
 
 It knows nothing of vLLM or of this project: it runs git, with the user's
 global and system configuration switched off where the output must be
-canonical (export), and it can print every command instead of running it
-(dry runs).
+canonical (export).
 """
 
 from __future__ import annotations
@@ -62,18 +61,15 @@ class Git:
 
     Args:
         cwd: the repository (or worktree) to run in.
-        dry_run: print the commands that write instead of running them.
         env: extra environment for every command.
     """
 
     def __init__(
         self,
         cwd: Path,
-        dry_run: bool = False,
         env: dict[str, str] | None = None,
     ) -> None:
         self.cwd = Path(cwd)
-        self.dry_run = dry_run
         self.env = dict(env or {})
 
     def _environ(self, extra: dict[str, str] | None) -> dict[str, str]:
@@ -91,7 +87,6 @@ class Git:
         *args: str,
         check: bool = True,
         env: dict[str, str] | None = None,
-        writes: bool = True,
         stdin: str | bytes | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run `git args...` and return the completed process, as text.
@@ -104,13 +99,11 @@ class Git:
         Args:
             check: raise GitError on a non-zero exit.
             env: extra environment for this command.
-            writes: whether the command changes state (printed, not run,
-                in a dry run).
             stdin: text (or bytes) fed to the command.
         """
         if isinstance(stdin, str):
             stdin = stdin.encode("utf-8")
-        proc = self.run_bytes(*args, check=check, env=env, writes=writes, stdin=stdin)
+        proc = self.run_bytes(*args, check=check, env=env, stdin=stdin)
         return subprocess.CompletedProcess(
             proc.args, proc.returncode, _decode(proc.stdout), _decode(proc.stderr)
         )
@@ -120,14 +113,10 @@ class Git:
         *args: str,
         check: bool = True,
         env: dict[str, str] | None = None,
-        writes: bool = True,
         stdin: bytes | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run `git args...`; stdout and stderr are git's bytes, untouched."""
         cmd = ["git", *args]
-        if writes and self.dry_run:
-            print(f"  (dry run) cd {self.cwd} && {shlex.join(cmd)}")
-            return subprocess.CompletedProcess(cmd, 0, b"", b"")
         proc = subprocess.run(
             cmd,
             cwd=self.cwd,
@@ -142,7 +131,7 @@ class Git:
 
     def out(self, *args: str, env: dict[str, str] | None = None) -> str:
         """Run a read-only command and return its stdout, stripped."""
-        return self.run(*args, env=env, writes=False).stdout.strip()
+        return self.run(*args, env=env).stdout.strip()
 
     def canonical(self, *args: str) -> str:
         """Run a read-only command with user and system config ignored."""
@@ -151,7 +140,7 @@ class Git:
     def canonical_bytes(self, *args: str) -> bytes:
         """canonical(), but git's stdout bytes as they are (patch files)."""
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-        return self.run_bytes(*CANONICAL_CONFIG, *args, env=env, writes=False).stdout
+        return self.run_bytes(*CANONICAL_CONFIG, *args, env=env).stdout
 
     def am_in_progress(self) -> bool:
         git_dir = Path(self.out("rev-parse", "--git-dir"))
@@ -165,7 +154,7 @@ class Git:
 
     def files_of_patch(self, patch: Path) -> list[str]:
         """The paths a patch touches, read from its diff headers."""
-        out = self.run("apply", "--numstat", str(patch), writes=False, check=False)
+        out = self.run("apply", "--numstat", str(patch), check=False)
         return [line.split("\t")[-1] for line in out.stdout.splitlines() if line]
 
 

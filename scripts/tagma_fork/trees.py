@@ -108,7 +108,7 @@ def ensure_base(layout: Layout, pin: upstream.Pin) -> str:
         (layout.bare / "info").mkdir(exist_ok=True)
         (layout.bare / "info" / "exclude").write_text(f"/{ENGINE}\n")
     ref = base_ref(pin.version)
-    found = bare.run("rev-parse", "--verify", "--quiet", ref, writes=False, check=False)
+    found = bare.run("rev-parse", "--verify", "--quiet", ref, check=False)
     if found.returncode == 0:
         return found.stdout.strip()
 
