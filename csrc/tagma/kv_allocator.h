@@ -310,7 +310,9 @@ class KVAllocator {
   Status acquire_cached(RequestId req, const Key* keys, size_t n) {
     if (config_ != Status::kOk) return config_;
     if (n > 0 && keys == nullptr) return Status::kInvalidArgument;
-    if (n > n_) return Status::kCacheMiss;  // more keys than blocks
+    // No shortcut for n > num_blocks: the loop below meets a miss or a
+    // repeated block within num_blocks + 1 keys anyway, and so reports the
+    // right one of the two.
     auto it = reqs_.find(req);
     if (it != reqs_.end() && it->second.num_blocks != 0) {
       return Status::kRequestNotEmpty;
@@ -361,6 +363,9 @@ class KVAllocator {
   // Registers keys for the request's logical blocks [first, first + n). A key
   // already cached by another block keeps its mapping (the duplicate is not
   // cached, as in vLLM); a block that already has the same key is a no-op.
+  // The same key twice among the n is kDuplicateKey (nothing changed), as in
+  // acquire_cached(): it would name two blocks of one request, and the
+  // second could never be cached nor the key list be acquired back.
   Status cache(RequestId req, int64_t first, const Key* keys, size_t n) {
     if (config_ != Status::kOk) return config_;
     if (first < 0 || (n > 0 && keys == nullptr)) {
@@ -374,6 +379,7 @@ class KVAllocator {
       return Status::kOutOfRange;
     }
     if (n == 0) return Status::kOk;
+    if (has_duplicate(keys, n)) return Status::kDuplicateKey;
     // Collect the physical blocks and check for conflicts first.
     scratch_.clear();
     const BlockRange* e = &range_of(r, static_cast<uint32_t>(first));
@@ -570,6 +576,21 @@ class KVAllocator {
   using RequestNode = RequestMap::node_type;
 
   bool in(int64_t b) const { return b >= 0 && b < static_cast<int64_t>(n_); }
+
+  // Whether two of keys[0, n) are equal. O(n log n); the pointer scratch
+  // keeps its capacity, so the steady state does not allocate.
+  bool has_duplicate(const Key* keys, size_t n) {
+    if (n < 2) return false;
+    if (n == 2) return keys[0] == keys[1];
+    key_ptrs_.clear();
+    for (size_t i = 0; i < n; ++i) key_ptrs_.push_back(&keys[i]);
+    std::sort(key_ptrs_.begin(), key_ptrs_.end(),
+              [](const Key* x, const Key* y) { return *x < *y; });
+    return std::adjacent_find(key_ptrs_.begin(), key_ptrs_.end(),
+                              [](const Key* x, const Key* y) {
+                                return *x == *y;
+                              }) != key_ptrs_.end();
+  }
 
   Status check_count(int64_t count) const {
     if (config_ != Status::kOk) return config_;
@@ -814,7 +835,8 @@ class KVAllocator {
   std::vector<uint32_t> mark_;  // per block: epoch stamp for duplicate checks
   uint32_t epoch_ = 0;
   std::vector<uint32_t> scratch_;
-  std::vector<FreeRuns::Run> plan_;  // (start, length) pieces of a take
+  std::vector<const Key*> key_ptrs_;  // cache(): keys sorted, for duplicates
+  std::vector<FreeRuns::Run> plan_;   // (start, length) pieces of a take
   std::vector<std::pair<uint32_t, Key>> evict_log_;
   std::vector<RequestNode> spare_;  // recycled request nodes
 };

@@ -27,7 +27,7 @@ enum class Status : int32_t {
   kInvalidArgument,   // negative count, null pointer with n > 0, ...
   kOutOfRange,        // block (logical or physical) beyond the valid ones
   kCacheMiss,         // acquire_cached(): a key is not cached
-  kDuplicateKey,      // acquire_cached(): the same key twice
+  kDuplicateKey,      // acquire_cached(), cache(): the same key twice
   kKeyConflict,       // cache(): the block already carries another key
   kRequestNotEmpty,   // acquire_cached() on a request that holds blocks
   kCacheInUse,        // reset_cache() while some block is in use

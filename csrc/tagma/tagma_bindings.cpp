@@ -49,7 +49,10 @@
 //
 // Errors: out of memory -> MemoryError; unknown request, cache miss ->
 // KeyError; anything else the caller got wrong -> ValueError (a wrong type
-// -> TypeError). Messages name the method, its arguments and the numbers.
+// -> TypeError; an int argument is an int or has __index__, as numpy's
+// ints). Messages name the method, its arguments and the numbers, values
+// as the caller passed them. `x in obj` raises nothing of its own: a
+// non-int, or an int out of range, is not a member.
 // A failing call leaves the object as it was. No C++ exception crosses into
 // Python: std::bad_alloc becomes MemoryError.
 //
@@ -76,6 +79,8 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kv_allocator.h"
@@ -150,40 +155,57 @@ bool to_i64(PyObject* o, const char* where, const char* name, int64_t* out) {
   return true;
 }
 
-// A request id: an int in [0, 2**64).
-bool to_req(PyObject* o, const char* where, uint64_t* out) {
+// o as an exact int: o itself, or what its __index__ gives (numpy ints);
+// a new reference, or nullptr with TypeError "<where>: <name> must be an
+// int, not <type>" (an error raised by __index__ itself is kept).
+PyObject* as_int(PyObject* o, const char* where, const char* name) {
+  if (!PyIndex_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s: %s must be an int, not %R", where, name,
+                 reinterpret_cast<PyObject*>(Py_TYPE(o)));
+    return nullptr;
+  }
+  return PyNumber_Index(o);
+}
+
+// An exact int as uint64; false, with no error set, if it is not in
+// [0, 2**64).
+bool int_to_u64(PyObject* i, uint64_t* out) {
   int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  const long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
   if (overflow == 0) {
-    if (v == -1 && PyErr_Occurred()) {
-      if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: req must be an int, not %R", where,
-                     reinterpret_cast<PyObject*>(Py_TYPE(o)));
-      }
-      return false;
-    }
-    if (v < 0) {
-      PyErr_Format(PyExc_ValueError,
-                   "%s: req=%lld out of range: request ids are in [0, 2**64)",
-                   where, v);
-      return false;
-    }
+    if (v < 0) return false;
     *out = static_cast<uint64_t>(v);
     return true;
   }
-  if (overflow > 0) {  // above int64: maybe still a uint64
-    const unsigned long long u = PyLong_AsUnsignedLongLong(o);
-    if (!(u == static_cast<unsigned long long>(-1) && PyErr_Occurred())) {
-      *out = static_cast<uint64_t>(u);
-      return true;
-    }
+  if (overflow < 0) return false;
+  // Above int64: maybe still a uint64.
+  const unsigned long long u = PyLong_AsUnsignedLongLong(i);
+  if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
     PyErr_Clear();
+    return false;
   }
-  PyErr_Format(PyExc_ValueError,
-               "%s: req=%R out of range: request ids are in [0, 2**64)", where,
-               o);
-  return false;
+  *out = static_cast<uint64_t>(u);
+  return true;
+}
+
+// An int (or an object with __index__) in [0, 2**64); false with TypeError,
+// or ValueError "<where>: <name>=<the value passed> out of range: <range>".
+bool to_u64(PyObject* o, const char* where, const char* name, const char* range,
+            uint64_t* out) {
+  PyObject* i = as_int(o, where, name);
+  if (i == nullptr) return false;
+  const bool ok = int_to_u64(i, out);
+  if (!ok) {
+    PyErr_Format(PyExc_ValueError, "%s: %s=%R out of range: %s", where, name, i,
+                 range);
+  }
+  Py_DECREF(i);
+  return ok;
+}
+
+// A request id: an int in [0, 2**64).
+bool to_req(PyObject* o, const char* where, uint64_t* out) {
+  return to_u64(o, where, "req", "request ids are in [0, 2**64)", out);
 }
 
 // A tuple of k ints.
@@ -275,17 +297,33 @@ char int_kind(const Py_buffer& v) {
   return 0;
 }
 
-bool block_out_of_range(const char* where, long long b, uint32_t n) {
-  PyErr_Format(PyExc_ValueError, "%s: block %lld out of range [0, %u)", where,
-               b, n);
+// The error of an id that does not even fit uint32, in the words the engine
+// uses for one >= num_blocks: "<name>(<k ids>): block out of range: block
+// <the id as passed> not in [0, n)". `id` is an int object.
+bool id_out_of_range(const char* name, size_t k, PyObject* id, uint32_t n) {
+  PyErr_Format(PyExc_ValueError, "%s(<%zu ids>): %s: block %R not in [0, %u)",
+               name, k, tagma::status_str(Status::kOutOfRange), id, n);
+  return false;
+}
+
+// The same for a buffer element, signed or unsigned.
+bool buffer_id_out_of_range(const char* name, size_t k, bool is_unsigned,
+                            uint64_t raw, uint32_t n) {
+  PyObject* id = is_unsigned ? PyLong_FromUnsignedLongLong(raw)
+                             : PyLong_FromLongLong(static_cast<long long>(raw));
+  if (id == nullptr) return false;
+  id_out_of_range(name, k, id, n);
+  Py_DECREF(id);
   return false;
 }
 
 // Block ids from a uint32/int32/int64/uint64 buffer or an iterable of ints.
 // *data/*count point at the ids: into the buffer itself for uint32 (no
 // copy), else into *scratch. Ids must fit uint32 here; the engine checks
-// them against num_blocks.
-bool read_ids(PyObject* o, const char* where, uint32_t n, Buffer* buf,
+// them against num_blocks. Items of an iterable that are not ints run their
+// __index__, which may call back into the same object: the caller must not
+// hand out a *scratch that such a call could use too.
+bool read_ids(PyObject* o, const char* name, uint32_t n, Buffer* buf,
               std::vector<uint32_t>* scratch, const uint32_t** data,
               size_t* count) {
   if (buf->get(o)) {
@@ -293,9 +331,9 @@ bool read_ids(PyObject* o, const char* where, uint32_t n, Buffer* buf,
     const char kind = int_kind(v);
     if (kind == 0) {
       PyErr_Format(PyExc_TypeError,
-                   "%s: a buffer of ids must hold uint32, int32 or int64, "
-                   "not format '%s'",
-                   where, v.format == nullptr ? "B" : v.format);
+                   "%s: a buffer of ids must hold uint32, int32, int64 or "
+                   "uint64, not format '%s'",
+                   name, v.format == nullptr ? "B" : v.format);
       return false;
     }
     const size_t k = static_cast<size_t>(v.len / v.itemsize);
@@ -306,49 +344,57 @@ bool read_ids(PyObject* o, const char* where, uint32_t n, Buffer* buf,
     }
     scratch->resize(k);
     for (size_t i = 0; i < k; ++i) {
-      long long x = 0;
+      // The id as uint64 bits, and whether it is in [0, 2**32).
+      uint64_t raw = 0;
+      bool fits = false;
       if (kind == 'i') {
-        x = static_cast<const int32_t*>(v.buf)[i];
+        const int32_t x = static_cast<const int32_t*>(v.buf)[i];
+        raw = static_cast<uint64_t>(static_cast<int64_t>(x));
+        fits = x >= 0;
       } else if (kind == 'q') {
-        x = static_cast<const int64_t*>(v.buf)[i];
+        const int64_t x = static_cast<const int64_t*>(v.buf)[i];
+        raw = static_cast<uint64_t>(x);
+        fits = x >= 0 && x <= static_cast<int64_t>(UINT32_MAX);
       } else {
-        const uint64_t u = static_cast<const uint64_t*>(v.buf)[i];
-        x = u > UINT32_MAX ? -1 : static_cast<long long>(u);
+        raw = static_cast<const uint64_t*>(v.buf)[i];
+        fits = raw <= UINT32_MAX;
       }
-      if (x < 0 || x > static_cast<long long>(UINT32_MAX)) {
-        return block_out_of_range(where, x, n);
-      }
-      (*scratch)[i] = static_cast<uint32_t>(x);
+      if (!fits) return buffer_id_out_of_range(name, k, kind == 'Q', raw, n);
+      (*scratch)[i] = static_cast<uint32_t>(raw);
     }
     *data = scratch->data();
     *count = k;
     return true;
   }
   Items items;
-  if (!items.init(o, where, "ids")) return false;
-  scratch->resize(static_cast<size_t>(items.size()));
-  for (Py_ssize_t i = 0; i < items.size(); ++i) {
-    PyObject* it = items.get(i);
+  if (!items.init(o, name, "ids")) return false;
+  const size_t k = static_cast<size_t>(items.size());
+  scratch->resize(k);
+  for (size_t i = 0; i < k; ++i) {
+    PyObject* it = items.get(static_cast<Py_ssize_t>(i));
     if (it == nullptr) return false;
+    // Our own reference: __index__ may drop the list's.
+    PyObject* x = PyLong_Check(it) ? Py_NewRef(it) : nullptr;
+    if (x == nullptr) {
+      Py_INCREF(it);
+      char what[32];
+      std::snprintf(what, sizeof(what), "ids[%zu]", i);
+      x = as_int(it, name, what);
+      Py_DECREF(it);
+      if (x == nullptr) return false;
+    }
     int overflow = 0;
-    const long long x = PyLong_AsLongLongAndOverflow(it, &overflow);
-    if (x == -1 && PyErr_Occurred()) {
-      if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: ids[%zd] must be an int, not %R",
-                     where, i, reinterpret_cast<PyObject*>(Py_TYPE(it)));
-      }
+    const long long id = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (overflow != 0 || id < 0 || id > static_cast<long long>(UINT32_MAX)) {
+      id_out_of_range(name, k, x, n);
+      Py_DECREF(x);
       return false;
     }
-    if (overflow != 0 || x < 0 || x > static_cast<long long>(UINT32_MAX)) {
-      PyErr_Format(PyExc_ValueError, "%s: block %R out of range [0, %u)", where,
-                   it, n);
-      return false;
-    }
-    (*scratch)[static_cast<size_t>(i)] = static_cast<uint32_t>(x);
+    Py_DECREF(x);
+    (*scratch)[i] = static_cast<uint32_t>(id);
   }
   *data = scratch->data();
-  *count = scratch->size();
+  *count = k;
   return true;
 }
 
@@ -411,11 +457,26 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
+// The detail of kDuplicateKey: "keys[j] repeats keys[i]" for the first key
+// of keys[0, n) equal to an earlier one (error path only).
+std::string repeat_detail(const std::vector<std::string>& keys, size_t n) {
+  std::unordered_map<std::string_view, size_t> seen;
+  seen.reserve(n);
+  for (size_t j = 0; j < n; ++j) {
+    const auto r = seen.emplace(keys[j], j);
+    if (!r.second) {
+      return fmt("keys[%zu] repeats keys[%zu]", j, r.first->second);
+    }
+  }
+  return {};
+}
+
 // =============================================================== FreeRuns
 
 struct FreeRunsObject {
   PyObject_HEAD tagma::FreeRuns* runs;
   std::vector<uint32_t>* ids;  // scratch for id conversion
+  bool ids_busy;               // an add/remove is reading ids into *ids
 };
 
 FreeRunsObject* as_fr(PyObject* self) {
@@ -452,6 +513,7 @@ PyObject* FreeRuns_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
     if (self == nullptr) return nullptr;
     as_fr(self)->runs = runs.release();
     as_fr(self)->ids = ids.release();
+    as_fr(self)->ids_busy = false;
     return self;
   });
 }
@@ -492,6 +554,17 @@ PyObject* FreeRuns_raise(const tagma::FreeRuns& fr, Status s, const char* where,
   }
 }
 
+// Sets a flag for a scope, restoring it on the way out (exceptions too);
+// `nested`: it was set already, by a call further up the stack.
+struct Busy {
+  explicit Busy(bool* f) : flag(f), nested(*f) { *f = true; }
+  ~Busy() { *flag = nested; }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+  bool* flag;
+  const bool nested;
+};
+
 // add(ids) / remove(ids): one body, two engine calls.
 template <bool kAdd>
 PyObject* FreeRuns_add_remove(PyObject* self, PyObject* const* args,
@@ -503,8 +576,12 @@ PyObject* FreeRuns_add_remove(PyObject* self, PyObject* const* args,
     Buffer buf;
     const uint32_t* data = nullptr;
     size_t count = 0;
-    if (!read_ids(args[0], name, o->runs->num_blocks(), &buf, o->ids, &data,
-                  &count)) {
+    // An id's __index__ may call add/remove on this object again: that call
+    // converts into its own vector, not into the one being filled here.
+    std::vector<uint32_t> own;
+    const Busy busy(&o->ids_busy);
+    if (!read_ids(args[0], name, o->runs->num_blocks(), &buf,
+                  busy.nested ? &own : o->ids, &data, &count)) {
       return nullptr;
     }
     int64_t bad = -1;
@@ -552,16 +629,32 @@ PyObject* FreeRuns_take_after(PyObject* self, PyObject* const* args,
                               Py_ssize_t nargs) {
   const char* name = "FreeRuns.take_after";
   if (!check_nargs(name, nargs, 2, 2)) return nullptr;
-  int64_t block = 0, n = 0;
-  if (!to_i64(args[0], name, "block", &block) ||
-      !to_i64(args[1], name, "n", &n)) {
+  const tagma::FreeRuns& fr = *as_fr(self)->runs;
+  PyObject* bo = as_int(args[0], name, "block");
+  if (bo == nullptr) return nullptr;
+  int64_t n = 0;
+  if (!to_i64(args[1], name, "n", &n)) {
+    Py_DECREF(bo);
     return nullptr;
   }
-  if (n < 0) {
+  // block + 1 is where taking starts: block -1 takes from block 0, the last
+  // block takes nothing; anything else is no block of this object.
+  int overflow = 0;
+  const long long block = PyLong_AsLongLongAndOverflow(bo, &overflow);
+  if (overflow != 0 || block < -1 ||
+      block >= static_cast<long long>(fr.num_blocks())) {
     PyErr_Format(PyExc_ValueError,
-                 "FreeRuns.take_after(block=%lld, n=%lld): invalid argument: "
-                 "n must be >= 0",
-                 static_cast<long long>(block), static_cast<long long>(n));
+                 "%s(block=%R, n=%lld): %s: block %R not in [-1, %u)", name, bo,
+                 static_cast<long long>(n),
+                 tagma::status_str(Status::kOutOfRange), bo, fr.num_blocks());
+    Py_DECREF(bo);
+    return nullptr;
+  }
+  Py_DECREF(bo);
+  if (n < 0) {
+    PyErr_Format(PyExc_ValueError, "%s(block=%lld, n=%lld): %s: n must be >= 0",
+                 name, block, static_cast<long long>(n),
+                 tagma::status_str(Status::kInvalidArgument));
     return nullptr;
   }
   return PyLong_FromLongLong(as_fr(self)->runs->take_after(block, n));
@@ -628,7 +721,11 @@ PyObject* FreeRuns_validate(PyObject* self, PyObject*) {
   return PyBool_FromLong(as_fr(self)->runs->validate());
 }
 
+// `x in obj` is a membership test, never a type check: an object that is
+// not an int (nor has __index__) is simply not a member, nor is an int out
+// of range. An error raised by an __index__ itself propagates.
 int FreeRuns_contains(PyObject* self, PyObject* key) {
+  if (!PyIndex_Check(key)) return 0;
   int overflow = 0;
   const long long b = PyLong_AsLongLongAndOverflow(key, &overflow);
   if (b == -1 && PyErr_Occurred()) return -1;
@@ -676,7 +773,9 @@ PyMethodDef FreeRuns_methods[] = {
      "length) not free; all of it must be free."},
     {"take_after", fast(FreeRuns_take_after), METH_FASTCALL,
      "take_after(block, n, /) -> int\n--\n\nTakes up to n free blocks from "
-     "block + 1 on, as far as they are free; returns how many."},
+     "block + 1 on, as far as they are free (rounded down to the "
+     "alignment); returns how many. ValueError, nothing changed, if block "
+     "is not in [-1, num_blocks) or n < 0."},
     {"take", fast(FreeRuns_take), METH_FASTCALL,
      "take(n, max_ranges=256, /) -> list[tuple[int, int]]\n--\n\nTakes n "
      "blocks: one best-fit range if any run holds n, else the largest runs "
@@ -907,6 +1006,10 @@ PyObject* KVAllocator_acquire_cached(PyObject* self, PyObject* const* args,
         const size_t hit = o->a->lookup(keys.data(), static_cast<size_t>(used));
         return set_error(s, where, fmt("keys[%zu] is not cached", hit));
       }
+      if (s == Status::kDuplicateKey) {
+        return set_error(s, where,
+                         repeat_detail(keys, static_cast<size_t>(used)));
+      }
       return KVAllocator_raise(*o->a, s, where, req);
     }
     Py_RETURN_NONE;
@@ -937,6 +1040,10 @@ PyObject* KVAllocator_cache(PyObject* self, PyObject* const* args,
                     static_cast<long long>(first), size);
       if (s == Status::kInvalidArgument) {
         return set_error(s, where, "first must be >= 0");
+      }
+      if (s == Status::kDuplicateKey) {
+        return set_error(s, where,
+                         repeat_detail(keys, static_cast<size_t>(size)));
       }
       return KVAllocator_raise(*o->a, s, where, req);
     }
@@ -1139,21 +1246,16 @@ PyObject* KVAllocator_validate(PyObject* self, PyObject*) {
   });
 }
 
+// As FreeRuns_contains: a non-int, or an int outside [0, 2**64), is not a
+// request.
 int KVAllocator_contains(PyObject* self, PyObject* key) {
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
-  if (v == -1 && PyErr_Occurred()) return -1;
-  if (overflow < 0 || (overflow == 0 && v < 0)) return 0;
-  uint64_t req = static_cast<uint64_t>(v);
-  if (overflow > 0) {
-    const unsigned long long u = PyLong_AsUnsignedLongLong(key);
-    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-      PyErr_Clear();
-      return 0;
-    }
-    req = u;
-  }
-  return as_al(self)->a->contains(req) ? 1 : 0;
+  if (!PyIndex_Check(key)) return 0;
+  PyObject* i = PyNumber_Index(key);
+  if (i == nullptr) return -1;
+  uint64_t req = 0;
+  const bool in_range = int_to_u64(i, &req);
+  Py_DECREF(i);
+  return in_range && as_al(self)->a->contains(req) ? 1 : 0;
 }
 
 PyObject* KVAllocator_repr(PyObject* self) {
@@ -1200,7 +1302,9 @@ PyMethodDef KVAllocator_methods[] = {
      "KeyError on a cache miss."},
     {"cache", fast(KVAllocator_cache), METH_FASTCALL,
      "cache(req, first, keys, /) -> None\n--\n\nRegisters keys for the "
-     "request's logical blocks [first, first + len(keys))."},
+     "request's logical blocks [first, first + len(keys)). ValueError, "
+     "nothing changed, if a key is given twice (acquire_cached could not "
+     "take it back) or a block already carries another key."},
     {"lookup", KVAllocator_lookup, METH_O,
      "lookup(keys, /) -> int\n--\n\nNumber of leading keys that are cached."},
     {"evict", KVAllocator_evict, METH_O,
@@ -1325,27 +1429,16 @@ void KVCoordMap_dealloc(PyObject* self) {
   Py_DECREF(type);
 }
 
-// A coordinate argument: an int >= 0 (negative ones are out of range).
-bool to_u64(PyObject* o, const char* where, const char* name, uint64_t* out) {
-  int64_t v = 0;
-  if (!to_i64(o, where, name, &v)) return false;
-  if (v < 0) {
-    PyErr_Format(PyExc_ValueError, "%s: %s=%lld out of range (negative)", where,
-                 name, static_cast<long long>(v));
-    return false;
-  }
-  *out = static_cast<uint64_t>(v);
-  return true;
-}
-
 PyObject* KVCoordMap_offset(PyObject* self, PyObject* const* args,
                             Py_ssize_t nargs) {
   const char* name = "KVCoordMap.offset";
   if (!check_nargs(name, nargs, 3, 3)) return nullptr;
   uint64_t layer = 0, block = 0, token = 0;
-  if (!to_u64(args[0], name, "layer", &layer) ||
-      !to_u64(args[1], name, "block", &block) ||
-      !to_u64(args[2], name, "token", &token)) {
+  // Any uint64 goes to the map, which names the coordinate out of range.
+  const char* range = "coordinates are in [0, 2**64)";
+  if (!to_u64(args[0], name, "layer", range, &layer) ||
+      !to_u64(args[1], name, "block", range, &block) ||
+      !to_u64(args[2], name, "token", range, &token)) {
     return nullptr;
   }
   uint64_t off = 0;
@@ -1370,16 +1463,16 @@ PyObject* KVCoordMap_offset(PyObject* self, PyObject* const* args,
 
 PyObject* KVCoordMap_coord(PyObject* self, PyObject* arg) {
   const char* name = "KVCoordMap.coord";
-  PyObject* index = PyNumber_Index(arg);
+  PyObject* index = as_int(arg, name, "offset");
   if (index == nullptr) return nullptr;
-  const uint64_t off = PyLong_AsUnsignedLongLong(index);
-  Py_DECREF(index);
-  if (off == static_cast<uint64_t>(-1) && PyErr_Occurred()) {
-    PyErr_Clear();
+  uint64_t off = 0;
+  if (!int_to_u64(index, &off)) {
     PyErr_Format(PyExc_ValueError, "%s(offset=%R): offset out of range", name,
-                 arg);
+                 index);
+    Py_DECREF(index);
     return nullptr;
   }
+  Py_DECREF(index);
   tagma::KVCoord c;
   const tagma::CoordStatus s = as_cm(self)->map.coord(off, &c);
   if (s != tagma::CoordStatus::kOk) {

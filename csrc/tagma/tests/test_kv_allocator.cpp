@@ -416,6 +416,57 @@ TEST_CASE("test_kv_allocator_cache_errors_leave_state_unchanged") {
   CHECK(a.validate(true));
 }
 
+TEST_CASE("test_kv_allocator_cache_duplicate_keys_rejected") {
+  // acquire_cached() rejects the same key twice; cache() must not accept a
+  // key list that could then not be acquired back.
+  KVAllocator a(16);
+  REQUIRE(a.allocate(1, 4) == Status::kOk);
+  REQUIRE(a.cache(1, 0, keys("z", 1)) == Status::kOk);
+  const Snapshot before = snap(a, {1});
+  const std::vector<std::string> two{"d", "d"};
+  const std::vector<std::string> later{"z0", "x", "y", "x"};  // x twice
+  const std::vector<std::string> own{"z0", "z0"};  // block 0's own key, twice
+  CHECK(a.cache(1, 1, two) == Status::kDuplicateKey);
+  CHECK(a.cache(1, 2, two) == Status::kDuplicateKey);
+  CHECK(a.cache(1, 0, later) == Status::kDuplicateKey);
+  CHECK(a.cache(1, 0, own) == Status::kDuplicateKey);
+  CHECK(snap(a, {1}) == before);
+  CHECK(a.lookup(std::vector<std::string>{"d"}) == 0);
+  CHECK(a.lookup(std::vector<std::string>{"x"}) == 0);
+  CHECK(*a.block_key(0) == "z0");
+  CHECK(!a.block_cached(1));
+  // Argument errors come first, then duplicates, then conflicts (block 0
+  // carries z0, not d).
+  CHECK(a.cache(1, 3, two) == Status::kOutOfRange);
+  CHECK(a.cache(2, 0, two) == Status::kUnknownRequest);
+  CHECK(a.cache(1, 0, two) == Status::kDuplicateKey);
+  CHECK(a.cache(1, 0, std::vector<std::string>{"d", "e"}) ==
+        Status::kKeyConflict);
+  // Distinct keys: what was cached can be acquired back.
+  const std::vector<std::string> ok{"z0", "y", "x"};
+  REQUIRE(a.cache(1, 0, ok) == Status::kOk);
+  REQUIRE(a.acquire_cached(2, ok, 3) == Status::kOk);
+  CHECK(ranges_of(a, 2) == Runs{{0, 3}});
+  CHECK(a.validate(true));
+}
+
+TEST_CASE("test_kv_allocator_acquire_more_keys_than_blocks") {
+  // More keys than blocks: a repeated key is kDuplicateKey, a missing one
+  // kCacheMiss, whichever comes first (not always kCacheMiss).
+  KVAllocator a(2);
+  REQUIRE(a.allocate(1, 2) == Status::kOk);
+  const auto k = keys("m", 2);
+  REQUIRE(a.cache(1, 0, k) == Status::kOk);
+  const Snapshot before = snap(a, {1, 2});
+  const std::vector<std::string> dup{k[0], k[1], k[0]};
+  const std::vector<std::string> miss{k[0], k[1], "nope"};
+  CHECK(a.acquire_cached(2, dup, 3) == Status::kDuplicateKey);
+  CHECK(a.acquire_cached(2, miss, 3) == Status::kCacheMiss);
+  CHECK(snap(a, {1, 2}) == before);
+  REQUIRE(a.acquire_cached(2, dup, 2) == Status::kOk);
+  CHECK(a.validate(true));
+}
+
 TEST_CASE("test_kv_allocator_release_lru_tail_first") {
   KVAllocator a(16);
   REQUIRE(a.allocate(1, 4) == Status::kOk);

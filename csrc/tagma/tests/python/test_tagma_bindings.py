@@ -46,6 +46,16 @@ def keys(prefix, n):
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
+class Index:
+    """An int by __index__ only, as numpy's ints are."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
 # ----------------------------------------------------------------- module
 
 
@@ -208,7 +218,7 @@ def test_free_runs_add_buffer_errors_leave_state_unchanged():
         ValueError,
         f.add,
         np.array([1, -1], dtype=np.int32),
-        match=r"block -1 out of range \[0, 16\)",
+        match=r"block out of range: block -1 not in \[0, 16\)",
     )
     raises_unchanged(
         st, ValueError, f.add, np.array([2**40], dtype=np.int64), match="out of range"
@@ -242,7 +252,7 @@ def test_free_runs_add_errors_leave_state_unchanged():
         [0, 16],
         match=r"FreeRuns.add\(<2 ids>\): block out of range: block 16 not in \[0, 16\)",
     )
-    raises_unchanged(st, ValueError, f.add, [0, -1], match="block -1 out of range")
+    raises_unchanged(st, ValueError, f.add, [0, -1], match=r"block -1 not in \[0, 16\)")
     raises_unchanged(st, ValueError, f.add, [2**64], match="out of range")
     raises_unchanged(
         st, ValueError, f.add, [7, 6, 7], match="the same block twice: block 7"
@@ -341,9 +351,7 @@ def test_free_runs_take_after():
     assert f.take_after(7, 1) == 0  # block 8 not free
     assert f.take_after(10, 2) == 2  # from inside a run
     assert f.runs() == [(10, 1), (13, 3)]
-    assert f.take_after(15, 1) == 0
-    assert f.take_after(99, 1) == 0
-    assert f.take_after(-5, 1) == 0
+    assert f.take_after(15, 1) == 0  # the last block: nothing after it
     assert f.take_after(12, 0) == 0
     assert f.take_after(12, 2**63 - 1) == 3
     assert f.runs() == [(10, 1)]
@@ -356,6 +364,30 @@ def test_free_runs_take_after():
         f.take_after(9)
     assert fr_state(f) == before
     assert f.take_after(9, 1) == 1
+
+
+@pytest.mark.parametrize("block", [16, 99, -2, -5, 2**63, 2**64, -(2**64)])
+def test_free_runs_take_after_out_of_range_block_raises(block):
+    # It returned 0, as if the block were merely not followed by free ones.
+    f = T.FreeRuns(16)
+    f.add_range(0, 16)
+    raises_unchanged(
+        lambda: fr_state(f),
+        ValueError,
+        f.take_after,
+        block,
+        1,
+        match=(
+            rf"FreeRuns.take_after\(block={block}, n=1\): "
+            rf"block out of range: block {block} not in \[-1, 16\)"
+        ),
+    )
+    raises_unchanged(
+        lambda: fr_state(f), TypeError, f.take_after, 1.0, 1, match="block must be"
+    )
+    assert f.take_after(-1, 2) == 2  # -1: from block 0 on
+    assert f.take_after(15, 1) == 0  # the last block: nothing after it
+    assert f.runs() == [(2, 14)]
 
 
 def test_free_runs_take_best_fit_lowest_address():
@@ -432,11 +464,142 @@ def test_free_runs_contains_and_properties():
     f.add([1, 2])
     assert 1 in f and 2 in f and 0 not in f
     assert -1 not in f and 8 not in f and 2**80 not in f
-    with pytest.raises(TypeError):
-        "1" in f  # noqa: B015
+    assert np.int64(1) in f and True in f  # ints by __index__
     with pytest.raises(AttributeError):
         f.num_free = 3
     assert f.runs() == [(1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("data", "shown"),
+    [
+        (np.array([2**63], dtype=np.uint64), 2**63),
+        (np.array([2**64 - 1], dtype=np.uint64), 2**64 - 1),
+        (np.array([-1], dtype=np.int64).view(np.uint64), 2**64 - 1),
+        (np.array([2**32], dtype=np.uint64), 2**32),
+        (np.array([2**32], dtype=np.int64), 2**32),
+        (np.array([-(2**63)], dtype=np.int64), -(2**63)),
+        (np.array([-1], dtype=np.int32), -1),
+        ([2**64], 2**64),
+        ([2**63], 2**63),
+        ([-1], -1),
+        ([np.uint64(2**64 - 1)], 2**64 - 1),
+        ([Index(-(2**64))], -(2**64)),
+    ],
+)
+def test_free_runs_out_of_range_ids_reported_as_passed(data, shown):
+    # A uint64 id above int64 (2**63; 2**64 - 1, numpy's -1) was reported as
+    # "block -1"; every id that does not fit is now named as passed, in the
+    # words of the engine's own range error (ids >= num_blocks).
+    f = T.FreeRuns(16)
+    f.add_range(2, 3)
+    st = lambda: fr_state(f)  # noqa: E731
+    for fn, name in ((f.add, "add"), (f.remove, "remove")):
+        raises_unchanged(
+            st,
+            ValueError,
+            fn,
+            data,
+            match=(
+                rf"^FreeRuns.{name}\(<1 ids>\): block out of range: "
+                rf"block {shown} not in \[0, 16\)$"
+            ),
+        )
+
+
+def _free_runs_8():
+    f = T.FreeRuns(8)
+    f.add([1, 2])
+    return f
+
+
+def _allocator_8():
+    a = T.KVAllocator(8)
+    a.allocate(1, 1)
+    return a
+
+
+_NOT_INTS = {
+    "str": "1",
+    "bytes": b"1",
+    "float": 1.0,
+    "float-1.5": 1.5,
+    "None": None,
+    "tuple": (1,),
+    "list": [1],
+    "object": object(),
+    "complex": 1j,
+    "np.float64": np.float64(1),
+}
+
+
+@pytest.mark.parametrize("make", [_free_runs_8, _allocator_8])
+@pytest.mark.parametrize("key", list(_NOT_INTS.values()), ids=list(_NOT_INTS))
+def test_contains_non_int_is_false(make, key):
+    # The stub's __contains__ takes any object; `"1" in obj` raised TypeError.
+    obj = make()
+    assert (key in obj) is False
+    assert key not in obj
+    assert 1 in obj and Index(1) in obj and np.int64(1) in obj
+
+
+def test_contains_index_error_propagates():
+    class Bad:
+        def __index__(self):
+            raise RuntimeError("boom")
+
+    for obj in (_free_runs_8(), _allocator_8()):
+        with pytest.raises(RuntimeError, match="boom"):
+            Bad() in obj  # noqa: B015
+
+
+def test_free_runs_ids_whose_index_calls_back():
+    # An id's __index__ that calls add/remove on the same object reused the
+    # vector the outer call was filling: blocks 1, 2, 3 were silently lost.
+    f = T.FreeRuns(16)
+
+    class AddsTen:
+        def __index__(self):
+            f.add([10])
+            return 0
+
+    class RemovesTen:
+        def __index__(self):
+            f.remove([10])
+            return 0
+
+    f.add([AddsTen(), 1, 2, 3])
+    assert f.runs() == [(0, 4), (10, 1)]
+    f.remove([RemovesTen(), 1, 2])
+    assert f.runs() == [(3, 1)]
+    assert f.validate()
+
+
+def test_free_runs_id_dropped_by_its_own_index():
+    # The out-of-range message printed an item the list no longer held (its
+    # __index__ had cleared the list): a use after free, a crash. In a child
+    # process, so that the old crash fails this test only.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import _tagma_C as t\n"
+        "class Id:\n"
+        "    def __init__(self, owner): self.owner = owner\n"
+        "    def __index__(self): self.owner.clear(); return 2**40\n"
+        "f = t.FreeRuns(16)\n"
+        "for _ in range(100):\n"
+        "    ids = []\n"
+        "    ids.append(Id(ids))\n"
+        "    try: f.add(ids)\n"
+        "    except ValueError as e: msg = str(e)\n"
+        "print(msg)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", code, str(EXT_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "block out of range: block 1099511627776 not in [0, 16)" in out.stdout
 
 
 # ------------------------------------------------------------- KVAllocator
@@ -695,6 +858,97 @@ def test_kv_allocator_cache_errors_leave_state_unchanged():
     assert a.lookup(keys("a", 2) + keys("c", 2)) == 4
 
 
+def test_kv_allocator_cache_duplicate_keys_rejected():
+    # cache() took [k, k] (keying the first block only), and acquire_cached()
+    # then refused that very list as a duplicate: both refuse it now.
+    a = T.KVAllocator(16)
+    a.allocate(1, 4)
+    a.cache(1, 0, keys("z", 1))
+    probe = [b"d", b"x", b"y", b"z0"]
+
+    def st():
+        return al_state(a, [1]), [a.lookup([k]) for k in probe]
+
+    raises_unchanged(
+        st,
+        ValueError,
+        a.cache,
+        1,
+        1,
+        [b"d", b"d"],
+        match=(
+            r"^KVAllocator.cache\(req=1, first=1, <2 keys>\): "
+            r"duplicate cache key: keys\[1\] repeats keys\[0\]$"
+        ),
+    )
+    raises_unchanged(
+        st,
+        ValueError,
+        a.cache,
+        1,
+        0,
+        [b"z0", b"x", b"y", b"x"],
+        match=r"keys\[3\] repeats keys\[1\]",
+    )
+    raises_unchanged(
+        st, ValueError, a.cache, 1, 0, [b"z0", b"z0"], match="duplicate cache key"
+    )
+    raises_unchanged(
+        st, ValueError, a.cache, 1, 2, (b"d", b"d"), match="duplicate cache key"
+    )
+    # Checked before conflicts: block 0 carries z0, not d.
+    raises_unchanged(
+        st, ValueError, a.cache, 1, 0, [b"d", b"d"], match="duplicate cache key"
+    )
+    raises_unchanged(st, ValueError, a.cache, 1, 0, [b"d", b"e"], match="another key")
+    assert st()[1] == [0, 0, 0, 1]
+    # Distinct keys: what cache() took, acquire_cached() takes back.
+    k = [b"z0", b"y", b"x"]
+    a.cache(1, 0, k)
+    a.acquire_cached(2, k)
+    assert a.ranges(2) == [(0, 3, 0)]
+    raises_unchanged(
+        st,
+        ValueError,
+        a.acquire_cached,
+        3,
+        [k[0], k[1], k[0]],
+        match=(
+            r"^KVAllocator.acquire_cached\(req=3, n=3\): "
+            r"duplicate cache key: keys\[2\] repeats keys\[0\]$"
+        ),
+    )
+    assert a.validate()
+
+
+def test_kv_allocator_acquire_more_keys_than_blocks():
+    # More keys than blocks was always a cache miss, even when every key is
+    # cached and one repeats: "keys[3] is not cached" of a 3-key list.
+    a = T.KVAllocator(2)
+    a.allocate(1, 2)
+    k = keys("m", 2)
+    a.cache(1, 0, k)
+    st = lambda: al_state(a, [1, 2])  # noqa: E731
+    raises_unchanged(
+        st,
+        ValueError,
+        a.acquire_cached,
+        2,
+        [k[0], k[1], k[0]],
+        match=r"duplicate cache key: keys\[2\] repeats keys\[0\]",
+    )
+    raises_unchanged(
+        st,
+        KeyError,
+        a.acquire_cached,
+        2,
+        [k[0], k[1], b"nope"],
+        match=r"cache miss: keys\[2\] is not cached",
+    )
+    a.acquire_cached(2, [k[0], k[1], k[0]], 2)
+    assert a.ranges(2) == [(0, 2, 0)]
+
+
 def test_kv_allocator_evict_and_reset_cache():
     a = T.KVAllocator(16)
     a.allocate(1, 4)
@@ -766,13 +1020,51 @@ def test_kv_allocator_stats_keys():
     assert a.stats()["total"] == 8
 
 
+def test_kv_allocator_request_ids_by_index():
+    # A request id above int64 given as numpy's uint64 (an int by __index__)
+    # was "out of range" (allocate) or not a member (`in`).
+    a = T.KVAllocator(8)
+    big = np.uint64(2**64 - 1)
+    a.allocate(big, 2)
+    assert big in a and 2**64 - 1 in a and Index(2**64 - 1) in a
+    a.grow(Index(2**64 - 1), 1)
+    assert a.ranges(big) == [(0, 3, 0)] and a.request_blocks(big) == 3
+    assert a.physical_block(big, np.int64(2)) == 2
+    a.release(np.uint64(2**64 - 1))
+    assert big not in a
+    st = lambda: al_state(a)  # noqa: E731
+    raises_unchanged(
+        st,
+        ValueError,
+        a.allocate,
+        np.int64(-1),
+        1,
+        match=r"^KVAllocator.allocate: req=-1 out of range: request ids are in",
+    )
+    raises_unchanged(
+        st,
+        ValueError,
+        a.allocate,
+        Index(2**64),
+        1,
+        match=r"req=18446744073709551616 out of range: request ids are in",
+    )
+    raises_unchanged(
+        st,
+        TypeError,
+        a.allocate,
+        1.0,
+        1,
+        match=r"^KVAllocator.allocate: req must be an int, not <class 'float'>$",
+    )
+
+
 def test_kv_allocator_contains():
     a = T.KVAllocator(8)
     a.allocate(2**64 - 1, 1)
     assert 2**64 - 1 in a
     assert 2**64 not in a and -1 not in a and 0 not in a
-    with pytest.raises(TypeError):
-        "x" in a  # noqa: B015
+    assert -(2**70) not in a and 2**70 not in a
 
 
 # -------------------------------------------------------------- KVCoordMap
@@ -811,7 +1103,10 @@ def test_kv_coord_map_errors():
         m.offset(0, 8, 0)
     with pytest.raises(ValueError, match="token out of range"):
         m.offset(0, 0, 16)
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(
+        ValueError,
+        match=r"offset: layer=-1 out of range: coordinates are in \[0, 2\*\*64\)",
+    ):
         m.offset(-1, 0, 0)
     with pytest.raises(ValueError, match="offset out of range"):
         m.coord(m.total_bytes)
@@ -822,6 +1117,42 @@ def test_kv_coord_map_errors():
     with pytest.raises(TypeError):
         m.offset(0, 0)
     assert m.offset(1, 7, 15) == m.total_bytes - 128
+
+
+def test_kv_coord_map_coordinates_are_uint64():
+    # Coordinates are uint64: 2**63 .. 2**64 - 1 reach the map, which names
+    # the coordinate out of range ("does not fit in int64" before); beyond,
+    # the value is named as passed.
+    m = T.KVCoordMap(2, 8, 16, 128)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^KVCoordMap.offset\(layer=0, block=9223372036854775808, token=0\): "
+            r"block out of range \(layout 2 layers x 8 blocks x 16 tokens\)$"
+        ),
+    ):
+        m.offset(0, 2**63, 0)
+    with pytest.raises(ValueError, match=r"token=18446744073709551615\): token out"):
+        m.offset(0, 0, np.uint64(2**64 - 1))
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^KVCoordMap.offset: token=18446744073709551616 out of range: "
+            r"coordinates are in \[0, 2\*\*64\)$"
+        ),
+    ):
+        m.offset(0, 0, 2**64)
+    with pytest.raises(ValueError, match=r"coord\(offset=18446744073709551616\)"):
+        m.coord(2**64)
+    with pytest.raises(ValueError, match=r"coord\(offset=-1\): offset out of range"):
+        m.coord(np.int64(-1))
+    with pytest.raises(
+        TypeError, match=r"^KVCoordMap.coord: offset must be an int, not <class"
+    ):
+        m.coord(1.5)
+    with pytest.raises(TypeError, match=r"^KVCoordMap.offset: layer must be an int"):
+        m.offset("0", 0, 0)
+    assert m.offset(np.uint64(1), Index(2), np.int32(3)) == m.offset(1, 2, 3)
 
 
 # ------------------------------------------------------------- leak check
@@ -852,6 +1183,13 @@ def _loop(a, f, ids, k, miss):
             f.add([0])  # already free
         with suppress(KeyError):
             a.acquire_cached(i, miss)  # cache miss
+        with suppress(ValueError):
+            a.cache(10**8, 0, [k[0], k[0]])  # duplicate key
+        with suppress(ValueError):
+            f.take_after(10**6, 1)  # block out of range
+        with suppress(ValueError):
+            f.add([2**64])  # id beyond uint64, named in the message
+        assert "x" not in a and "x" not in f
 
 
 def test_leak_no_growth_over_1e5_calls():
@@ -890,7 +1228,7 @@ def test_leak_no_growth_over_1e5_calls():
     grown = mem1 - mem0
     top = snap1.compare_to(snap0, "lineno")[:3]
     print(
-        f"leak check: {N} iterations x 12 calls; traced Python memory "
+        f"leak check: {N} iterations x 17 calls; traced Python memory "
         f"{grown:+d} B, RSS {rss1 - rss0:+d} KiB, refcounts "
         f"{ {n: sys.getrefcount(o) - refs[n] for n, o in objs.items()} }"
     )
