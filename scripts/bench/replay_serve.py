@@ -13,12 +13,18 @@ block count, and reports per phase the step time (median, p99, max) and,
 for tagma, how often placement fell back to LRU eviction or gave growth
 headroom back. One process, paged then tagma: the ratio is side by side;
 absolute times depend on the machine.
+
+With --steps-out FILE it also writes, per step, what the step asked of the
+GPU: requests admitted, their prefix-cache hit tokens, prefill tokens and
+decode tokens (JSON lines), and prints per phase how many decode tokens were
+emitted in prefill-heavy steps (the steps that set an ITL tail).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import random
 import sys
 import time
@@ -46,7 +52,26 @@ def phases(seed: int) -> dict[str, list[tuple[list[int], int]]]:
     }
 
 
-def replay(backend: str, blocks: int, seed: int) -> list[dict]:
+# A step with at least this many prefill tokens is "prefill-heavy": on an
+# 8B model it takes several times a decode step.
+HEAVY_PREFILL = 2048
+
+
+def composition(out) -> dict[str, int]:
+    """What one SchedulerOutput asks of the GPU."""
+    new = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+    counts = out.num_scheduled_tokens
+    return {
+        "admitted": len(new),
+        "hit_tokens": sum(new.values()),
+        "prefill_tokens": sum(n for n in counts.values() if n > 1),
+        "decodes": sum(1 for n in counts.values() if n == 1),
+    }
+
+
+def replay(
+    backend: str, blocks: int, seed: int, trace: list | None = None
+) -> list[dict]:
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -86,11 +111,19 @@ def replay(backend: str, blocks: int, seed: int) -> list[dict]:
                 )
             )
         steps = []
+        heavy_decodes = admitted = hits = 0
         while scheduler.running or scheduler.waiting:
             t0 = time.perf_counter_ns()
             out = scheduler.schedule()
             scheduler.update_from_output(out, bench.fake_output(out))
             steps.append((time.perf_counter_ns() - t0) / 1e3)
+            comp = composition(out)
+            admitted += comp["admitted"]
+            hits += comp["hit_tokens"]
+            if comp["prefill_tokens"] >= HEAVY_PREFILL:
+                heavy_decodes += comp["decodes"]
+            if trace is not None:
+                trace.append({"backend": backend, "phase": name, **comp})
         steps.sort()
         rows.append(
             {
@@ -101,6 +134,8 @@ def replay(backend: str, blocks: int, seed: int) -> list[dict]:
                 "p99_us": steps[int(len(steps) * 0.99)],
                 "max_us": steps[-1],
                 **{k: counts[k] - before[k] for k in counts},
+                "hit_tokens": hits,
+                "heavy_decodes": heavy_decodes,
             }
         )
     return rows
@@ -110,18 +145,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=57500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps-out", help="per-step composition (JSON lines)")
     args = parser.parse_args()
     print(
-        "| backend | phase | steps | p50 µs | p99 µs | max µs | evictions | releases |"
+        "| backend | phase | steps | p50 µs | p99 µs | max µs | evictions "
+        "| releases | hit tokens | decodes in prefill-heavy steps |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    trace: list[dict] = []
     for backend in ("paged", "tagma"):
-        for r in replay(backend, args.blocks, args.seed):
+        for r in replay(backend, args.blocks, args.seed, trace):
             print(
                 f"| {r['backend']} | {r['phase']} | {r['steps']} | {r['p50_us']:.0f} "
                 f"| {r['p99_us']:.0f} | {r['max_us']:.0f} | {r['evictions']} "
-                f"| {r['headroom_releases']} |"
+                f"| {r['headroom_releases']} | {r['hit_tokens']} "
+                f"| {r['heavy_decodes']} |"
             )
+    if args.steps_out:
+        Path(args.steps_out).write_text("".join(json.dumps(t) + "\n" for t in trace))
     return 0
 
 

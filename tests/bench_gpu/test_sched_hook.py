@@ -82,7 +82,14 @@ def test_trace_has_a_row_per_step_and_run_samples(backend, tmp_path):
     rows = [line.split("\t") for line in tsv.read_text().splitlines()]
     steps = [row for row in rows if row[0] == "S"]
     samples = [row for row in rows if row[0] == "R"]
-    assert len(steps) == 130
+    comps = [row for row in rows if row[0] == "C"]
+    assert len(steps) == 130 and len(comps) == 130
+    # Step 1 admits all 16 requests with their whole prompts; then each step
+    # decodes every running request (the driver's prompts are short).
+    _, _, admitted, hits, prefill, decodes = comps[0]
+    assert (int(admitted), int(hits), int(decodes)) == (16, 0, 0)
+    assert int(prefill) > 16
+    assert all(int(c[2]) == 0 and int(c[5]) == 16 for c in comps[2:100])
     for _, _, sched_ns, update_ns, kv_ns, running, waiting, *rest in steps:
         assert int(sched_ns) > 0 and int(update_ns) > 0
         # The manager's time is inside schedule + update, never beside it.

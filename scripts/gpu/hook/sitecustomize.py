@@ -11,6 +11,7 @@ with perf_counter_ns. Each process appends to DIR/sched-<pid>.tsv:
   S  wall_ns  schedule_ns  update_ns  kv_ns  running  waiting  gc_ns
      kv_top  kv_top_ns                                         (one a step)
   R  wall_ns  requests  runs_mean  runs_max  ranges_mean  ranges_max
+  C  wall_ns  admitted  hit_tokens  prefill_tokens  decodes   (one a step)
 
 R rows sample, every RUNS_EVERY steps, the contiguous runs of block ids that
 each running request holds (any backend) and, for tagma, the manager's own
@@ -20,6 +21,13 @@ the process spent in garbage collection since the previous step, and kv_top
 the manager entry point that took the most of kv_ns (kv_top_ns): what a slow
 step spent its time on. Without TAGMA_SCHED_TRACE this module only chains to
 any other sitecustomize.
+
+C rows say what each step asked of the GPU, from the SchedulerOutput that
+schedule() returned: requests admitted, the prefix-cache hits they started
+with (tokens), prefill tokens (requests with more than one token scheduled)
+and decode requests. The k-th C row and the k-th S row are the same step;
+the time between consecutive S rows is what a decoding request waited for
+its next token.
 """
 
 from __future__ import annotations
@@ -66,6 +74,16 @@ class _Trace:
         elif self.gc_t0:
             self.gc_ns += time.perf_counter_ns() - self.gc_t0
             self.gc_t0 = 0
+
+    def composition(self, out: Any) -> None:
+        new = getattr(out, "scheduled_new_reqs", ())
+        counts = getattr(out, "num_scheduled_tokens", {})
+        self.out.write(
+            f"C\t{time.time_ns()}\t{len(new)}\t"
+            f"{sum(r.num_computed_tokens for r in new)}\t"
+            f"{sum(n for n in counts.values() if n > 1)}\t"
+            f"{sum(1 for n in counts.values() if n == 1)}\n"
+        )
 
     def step(self, sched: Any, update_ns: int) -> None:
         self.steps += 1
@@ -145,6 +163,7 @@ def _instrument(cls: Any, folder: str) -> None:
         out = schedule(self, *args, **kwargs)
         if trace is not None:
             trace.sched_ns += time.perf_counter_ns() - t0
+            trace.composition(out)
         return out
 
     def timed_update(self: Any, *args: Any, **kwargs: Any) -> Any:

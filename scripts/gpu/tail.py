@@ -1,0 +1,268 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""Where a serve run's inter-token-latency tail comes from, step by step.
+
+    python3 scripts/gpu/tail.py DIR [--workload prefix] [--out OUT]
+
+Reads the engine's per-step trace of every run under DIR/<suite>/run*/
+(sched-*.tsv with C rows, see hook/sitecustomize.py) and, for the workload's
+main run, pairs each step's composition (requests admitted, prefix-hit
+tokens, prefill tokens, decodes) with its duration: the time from the
+previous step's output to this one's, which is what each decoding request in
+the step waited for its token. Repeating a step's duration once per decode
+gives the engine-side ITL distribution, whose p99 the client's ITL p99
+follows. For each backend it reports that distribution, what the steps in
+its tail carried, and a least-squares model of step time from composition
+fitted on the other backend, so a step that is slower than its work explains
+stands out (a GPU-side cost), apart from a step that carried more work (a
+scheduling difference). Writes tail.md, tail.json and tail.png into OUT
+(default DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import main_run  # noqa: E402
+
+FIELDS = ("admitted", "hit_tokens", "prefill_tokens", "decodes")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))] if xs else math.nan
+
+
+def steps_of(run_dir: Path, result: dict) -> list[dict]:
+    """The main run's steps of one workload: duration and composition."""
+    steps: list[dict] = []
+    for tsv in sorted(run_dir.glob("sched-*.tsv")):
+        rows = [line.split("\t") for line in tsv.read_text().splitlines()]
+        comps = [r for r in rows if r[0] == "C"]
+        ends = [r for r in rows if r[0] == "S"]
+        if not comps:
+            continue
+        t0, t1 = (int(t * 1e9) for t in result["window"])
+        span = main_run([r for r in ends if t0 <= int(r[1]) <= t1], result)
+        if span is None:
+            continue
+        prev = None
+        for c, s in zip(comps, ends, strict=False):
+            end = int(s[1])
+            if prev is not None and span[0] <= end <= span[1]:
+                steps.append(
+                    {
+                        "end_ns": end,
+                        "ms": (end - prev) / 1e6,
+                        "sched_ms": (int(s[2]) + int(s[3])) / 1e6,
+                        "running": int(s[5]),
+                        "waiting": int(s[6]),
+                        **dict(zip(FIELDS, map(int, c[2:6]), strict=True)),
+                    }
+                )
+            prev = end
+    return steps
+
+
+def itl_dist(steps: list[dict]) -> list[float]:
+    return [s["ms"] for s in steps for _ in range(s["decodes"])]
+
+
+def fit(steps: list[dict]) -> list[float]:
+    """Least squares: ms ~ a + b*prefill_tokens + c*decodes + d*hit_tokens."""
+    import numpy as np
+
+    x = np.array(
+        [[1.0, s["prefill_tokens"], s["decodes"], s["hit_tokens"]] for s in steps]
+    )
+    y = np.array([s["ms"] for s in steps])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return [float(c) for c in coef]
+
+
+def predict(coef: list[float], s: dict) -> float:
+    return (
+        coef[0]
+        + coef[1] * s["prefill_tokens"]
+        + coef[2] * s["decodes"]
+        + coef[3] * s["hit_tokens"]
+    )
+
+
+def summarize(steps: list[dict], model: list[float]) -> dict:
+    itl = itl_dist(steps)
+    p99 = _pct(itl, 0.99)
+    tail = [s for s in steps if s["decodes"] and s["ms"] >= p99]
+    heavy = [s for s in steps if s["prefill_tokens"] >= 2048]
+
+    def mean(key: str, xs: list[dict]) -> float:
+        return statistics.fmean(s[key] for s in xs) if xs else math.nan
+
+    return {
+        "steps": len(steps),
+        "decode_tokens": len(itl),
+        "itl_p50_ms": _pct(itl, 0.50),
+        "itl_p90_ms": _pct(itl, 0.90),
+        "itl_p99_ms": p99,
+        "tail_steps": len(tail),
+        "tail_decodes": sum(s["decodes"] for s in tail),
+        "tail_ms_mean": mean("ms", tail),
+        "tail_prefill_mean": mean("prefill_tokens", tail),
+        "tail_admitted_mean": mean("admitted", tail),
+        "tail_hits_mean": mean("hit_tokens", tail),
+        # Step time the other backend's model expects for the same work.
+        "tail_excess_ms_mean": (
+            statistics.fmean(s["ms"] - predict(model, s) for s in tail)
+            if tail
+            else math.nan
+        ),
+        "heavy_steps": len(heavy),
+        "decodes_in_heavy_steps": sum(s["decodes"] for s in heavy),
+        "admitted": sum(s["admitted"] for s in steps),
+        "hit_tokens": sum(s["hit_tokens"] for s in steps),
+        "prefill_tokens": sum(s["prefill_tokens"] for s in steps),
+    }
+
+
+ROWS = [
+    ("steps", "steps", "{:.0f}"),
+    ("itl_p50_ms", "engine ITL p50 ms", "{:.1f}"),
+    ("itl_p90_ms", "engine ITL p90 ms", "{:.1f}"),
+    ("itl_p99_ms", "engine ITL p99 ms", "{:.1f}"),
+    ("tail_steps", "steps in the p99 tail", "{:.0f}"),
+    ("tail_decodes", "decode tokens in those steps", "{:.0f}"),
+    ("tail_ms_mean", "their mean duration ms", "{:.1f}"),
+    ("tail_prefill_mean", "their mean prefill tokens", "{:.0f}"),
+    ("tail_admitted_mean", "their mean admissions", "{:.1f}"),
+    ("tail_hits_mean", "their mean prefix-hit tokens", "{:.0f}"),
+    ("tail_excess_ms_mean", "their ms beyond the other backend's model", "{:.1f}"),
+    ("heavy_steps", "prefill-heavy steps (>= 2048 tokens)", "{:.0f}"),
+    ("decodes_in_heavy_steps", "decode tokens in prefill-heavy steps", "{:.0f}"),
+    ("admitted", "admissions", "{:.0f}"),
+    ("hit_tokens", "prefix-hit tokens at admission", "{:.0f}"),
+    ("prefill_tokens", "prefill tokens computed", "{:.0f}"),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir")
+    parser.add_argument("--workload", action="append", help="default: every one")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    top = Path(args.dir)
+    out = Path(args.out or top)
+    out.mkdir(parents=True, exist_ok=True)
+    # (suite, workload) -> backend -> [(run name, steps)]
+    runs: dict[tuple[str, str], dict[str, list[tuple[str, list[dict]]]]] = {}
+    for run_json in sorted(top.glob("*/run*/run.json")):
+        run = json.loads(run_json.read_text())
+        if run.get("warmup"):
+            continue
+        for r in run["results"]:
+            if args.workload and r["workload"] not in args.workload:
+                continue
+            steps = steps_of(run_json.parent, r)
+            if steps:
+                key = (run["suite"], r["workload"])
+                runs.setdefault(key, {}).setdefault(run["backend"], []).append(
+                    (run_json.parent.name, steps)
+                )
+    if not runs:
+        print(f"no runs with C rows under {top}", file=sys.stderr)
+        return 1
+    lines = ["# Where the ITL tail comes from (engine trace, main runs)", ""]
+    summary: dict = {}
+    for (suite, workload), by_backend in sorted(runs.items()):
+        models = {
+            b: fit([s for _, steps in rs for s in steps])
+            for b, rs in by_backend.items()
+        }
+        other = {"paged": "tagma", "tagma": "paged"}
+        cols = []
+        for backend in ("paged", "tagma"):
+            for name, steps in by_backend.get(backend, []):
+                model = models.get(other[backend], models[backend])
+                cols.append((f"{backend} {name}", summarize(steps, model)))
+        summary[f"{suite}/{workload}"] = {
+            "runs": dict(cols),
+            "models": {
+                b: dict(
+                    zip(
+                        ("ms", "per_prefill_tok", "per_decode", "per_hit_tok"),
+                        m,
+                        strict=True,
+                    )
+                )
+                for b, m in models.items()
+            },
+        }
+        lines += [f"## {suite} / {workload}", ""]
+        lines.append("| | " + " | ".join(c for c, _ in cols) + " |")
+        lines.append("|---|" + "---|" * len(cols))
+        for row_key, label, fmt in ROWS:
+            values = " | ".join(fmt.format(s[row_key]) for _, s in cols)
+            lines.append(f"| {label} | {values} |")
+        lines.append("")
+        for b, m in models.items():
+            lines.append(
+                f"- {b} step model: {m[0]:.2f} ms + {m[1] * 1e3:.3f} ms per 1K "
+                f"prefill tokens + {m[2]:.3f} ms per decode + {m[3] * 1e3:.3f} ms "
+                "per 1K hit tokens"
+            )
+        lines.append("")
+    (out / "tail.md").write_text("\n".join(lines))
+    (out / "tail.json").write_text(json.dumps(summary, indent=1))
+    _plot(runs, out / "tail.png")
+    print("\n".join(lines))
+    return 0
+
+
+def _plot(runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(runs)
+    fig, axes = plt.subplots(len(keys), 2, figsize=(12, 3.6 * len(keys)), squeeze=False)
+    colors = {"paged": "tab:blue", "tagma": "tab:orange"}
+    for row, key in zip(axes, keys, strict=True):
+        for backend, rs in runs[key].items():
+            for i, (name, steps) in enumerate(rs):
+                label = f"{backend} {name}"
+                t0 = steps[0]["end_ns"]
+                row[0].plot(
+                    [(s["end_ns"] - t0) / 1e9 for s in steps],
+                    [s["ms"] for s in steps],
+                    ".",
+                    ms=3,
+                    color=colors[backend],
+                    alpha=0.8 - 0.3 * i,
+                    label=label,
+                )
+                row[1].scatter(
+                    [s["prefill_tokens"] for s in steps],
+                    [s["ms"] for s in steps],
+                    s=[1 + s["decodes"] / 4 for s in steps],
+                    color=colors[backend],
+                    alpha=0.4,
+                    label=label,
+                )
+        row[0].set(title=f"{key[0]} / {key[1]}: step duration over the run",
+                   xlabel="s since the main run's first step", ylabel="ms")  # fmt: skip
+        row[1].set(title="step duration vs prefill tokens (size: decodes)",
+                   xlabel="prefill tokens in the step", ylabel="ms")  # fmt: skip
+        row[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

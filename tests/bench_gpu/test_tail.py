@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""scripts/gpu/tail.py on synthetic engine traces with a known answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts/gpu"))
+import tail  # noqa: E402
+
+T0 = 1_800_000_000 * 10**9
+
+
+def _run(folder: Path, backend: str, steps: list[tuple[float, int, int, int, int]]):
+    """A run folder whose trace has `steps`: (ms, admitted, hits, prefill, decodes)."""
+    run = folder / f"run-{backend}"
+    run.mkdir(parents=True)
+    lines, t = [], T0
+    for ms, admitted, hits, prefill, decodes in steps:
+        lines.append(f"C\t{t}\t{admitted}\t{hits}\t{prefill}\t{decodes}")
+        t += int(ms * 1e6)
+        lines.append(f"S\t{t}\t100\t50\t20\t{decodes + admitted + 1}\t0\t0\t-\t0")
+    (run / "sched-1.tsv").write_text("\n".join(lines) + "\n")
+    window = [T0 / 1e9 - 1, t / 1e9 + 1]
+    result = {"workload": "prefix", "window": window, "main_window": window}
+    (run / "run.json").write_text(
+        json.dumps({"suite": "s", "backend": backend, "results": [result]})
+    )
+    return run, result
+
+
+def _workload(extra_prefill_ms: float, heavy_every: int) -> list:
+    # 20 ms decode steps with 100 decodes; every `heavy_every`-th step also
+    # prefills 8192 tokens (80 ms more); tagma's heavy steps can be slower
+    # than their work explains (extra_prefill_ms).
+    out = []
+    for i in range(400):
+        if i % heavy_every == heavy_every // 2:
+            out.append((100.0 + extra_prefill_ms, 4, 4096, 8192, 100))
+        else:
+            out.append((20.0, 0, 0, 0, 100))
+    return out
+
+
+def test_steps_pair_composition_with_durations(tmp_path: Path) -> None:
+    run, result = _run(tmp_path, "paged", [(20.0, 1, 0, 512, 0), (35.0, 0, 0, 0, 3)])
+    steps = tail.steps_of(run, result)
+    # The first step has no previous output to measure from.
+    assert len(steps) == 1
+    assert steps[0]["ms"] == pytest.approx(35.0)
+    assert (steps[0]["decodes"], steps[0]["prefill_tokens"]) == (3, 0)
+
+
+def test_itl_distribution_weights_steps_by_decodes() -> None:
+    steps = [{"ms": 10.0, "decodes": 99}, {"ms": 200.0, "decodes": 1}]
+    itl = tail.itl_dist(steps)  # type: ignore[arg-type]
+    assert len(itl) == 100 and tail._pct(itl, 0.99) == 10.0
+    assert tail._pct(itl, 1.0) == 200.0
+
+
+def test_a_gpu_side_slowdown_shows_as_excess_not_as_more_work(tmp_path: Path) -> None:
+    paged, rp = _run(tmp_path, "paged", _workload(0.0, 20))
+    tagma, rt = _run(tmp_path, "tagma", _workload(40.0, 20))
+    model = tail.fit(tail.steps_of(paged, rp))
+    s_t = tail.summarize(tail.steps_of(tagma, rt), model)
+    s_p = tail.summarize(tail.steps_of(paged, rp), tail.fit(tail.steps_of(tagma, rt)))
+    # Same work in the tail, tagma's steps 40 ms beyond what paged's model
+    # predicts for it.
+    assert s_t["tail_prefill_mean"] == s_p["tail_prefill_mean"] == 8192
+    assert s_t["itl_p99_ms"] == pytest.approx(140.0)
+    assert s_t["tail_excess_ms_mean"] == pytest.approx(40.0, abs=1.0)
+
+
+def test_more_admissions_show_as_more_work_not_excess(tmp_path: Path) -> None:
+    paged, rp = _run(tmp_path, "paged", _workload(0.0, 200))
+    tagma, rt = _run(tmp_path, "tagma", _workload(0.0, 10))
+    s_t = tail.summarize(tail.steps_of(tagma, rt), tail.fit(tail.steps_of(paged, rp)))
+    s_p = tail.summarize(tail.steps_of(paged, rp), tail.fit(tail.steps_of(tagma, rt)))
+    # Twenty times the decodes exposed to prefill-heavy steps, no excess.
+    assert s_t["decodes_in_heavy_steps"] == 20 * s_p["decodes_in_heavy_steps"]
+    assert abs(s_t["tail_excess_ms_mean"]) < 1.0
+    assert s_t["itl_p99_ms"] > s_p["itl_p99_ms"]
+
+
+def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
+    suite = tmp_path / "res" / "s"
+    _run(suite, "paged", _workload(0.0, 20))
+    _run(suite, "tagma", _workload(40.0, 20))
+    for name in ("run-paged", "run-tagma"):
+        (suite / name).rename(suite / f"run{1 if 'paged' in name else 2}-{name[4:]}")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/gpu/tail.py"), str(tmp_path / "res")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "res"
+    assert (out / "tail.png").stat().st_size > 0
+    data = json.loads((out / "tail.json").read_text())
+    runs = data["s/prefix"]["runs"]
+    assert runs["tagma run2-tagma"]["tail_excess_ms_mean"] == pytest.approx(40, abs=1)
+    assert "engine ITL p99 ms" in (out / "tail.md").read_text()
