@@ -299,7 +299,15 @@ def build_fork(work: Path, tree: Path, version: str, out: Path) -> str:
 
 def cmd_build(args: argparse.Namespace) -> int:
     t_all = time.monotonic()
-    version = args.pin or upstream.default_version(ROOT)
+    default = upstream.default_version(ROOT)
+    version = args.pin or default
+    if version != default:
+        # runtime.lock completes the host image (torch 2.11) for the default
+        # pin's vLLM; another release needs other packages, or another torch.
+        raise SystemExit(
+            f"make bundle: the GPU bundle is for the default pin ({default}); "
+            f"vllm {version} is CPU-verified only (see the README's pin table)"
+        )
     pin = upstream.read_pin(upstream.stack_dir(ROOT, version))
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
