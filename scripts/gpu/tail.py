@@ -11,7 +11,10 @@ tokens, prefill tokens, decodes) with its duration: the time from the
 previous step's output to this one's, which is what each decoding request in
 the step waited for its token. Repeating a step's duration once per decode
 gives the engine-side ITL distribution, whose p99 the client's ITL p99
-follows. For each backend it reports that distribution, what the steps in
+follows as long as the front end keeps up; where it falls behind, it sends
+several tokens in one chunk, which the client counts as one long gap (the
+`tokens per client chunk` row, from <workload>.bench.json where it is kept).
+For each backend it reports that distribution, what the steps in
 its tail carried, and a least-squares model of step time from composition
 fitted on the other backend, so a step that is slower than its work explains
 stands out (a GPU-side cost), apart from a step that carried more work (a
@@ -95,6 +98,19 @@ def predict(coef: list[float], s: dict) -> float:
     )
 
 
+def client_chunks(run_dir: Path, workload: str) -> tuple[float, float]:
+    """(client ITL p99 ms, output tokens per streamed chunk) from the bench's
+    per-request lists, or NaNs where they were not kept."""
+    path = run_dir / f"{workload}.bench.json"
+    if not path.exists():
+        return math.nan, math.nan
+    bench = json.loads(path.read_text())
+    itls = [x * 1e3 for per_req in bench.get("itls", []) for x in per_req]
+    chunks = sum(1 + len(x) for x in bench.get("itls", []))
+    tokens = sum(bench.get("output_lens", []))
+    return _pct(itls, 0.99), (tokens / chunks if chunks else math.nan)
+
+
 def summarize(steps: list[dict], model: list[float]) -> dict:
     itl = itl_dist(steps)
     p99 = _pct(itl, 0.99)
@@ -131,6 +147,8 @@ def summarize(steps: list[dict], model: list[float]) -> dict:
 
 
 ROWS = [
+    ("client_itl_p99_ms", "client ITL p99 ms", "{:.1f}"),
+    ("tokens_per_chunk", "output tokens per client chunk", "{:.3f}"),
     ("steps", "steps", "{:.0f}"),
     ("itl_p50_ms", "engine ITL p50 ms", "{:.1f}"),
     ("itl_p90_ms", "engine ITL p90 ms", "{:.1f}"),
@@ -161,6 +179,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     # (suite, workload) -> backend -> [(run name, steps)]
     runs: dict[tuple[str, str], dict[str, list[tuple[str, list[dict]]]]] = {}
+    chunks: dict[tuple[str, str], tuple[float, float]] = {}
     for run_json in sorted(top.glob("*/run*/run.json")):
         run = json.loads(run_json.read_text())
         if run.get("warmup"):
@@ -173,6 +192,9 @@ def main() -> int:
                 key = (run["suite"], r["workload"])
                 runs.setdefault(key, {}).setdefault(run["backend"], []).append(
                     (run_json.parent.name, steps)
+                )
+                chunks[(run_json.parent.name, r["workload"])] = client_chunks(
+                    run_json.parent, r["workload"]
                 )
     if not runs:
         print(f"no runs with C rows under {top}", file=sys.stderr)
@@ -189,7 +211,11 @@ def main() -> int:
         for backend in ("paged", "tagma"):
             for name, steps in by_backend.get(backend, []):
                 model = models.get(other[backend], models[backend])
-                cols.append((f"{backend} {name}", summarize(steps, model)))
+                row = summarize(steps, model)
+                row["client_itl_p99_ms"], row["tokens_per_chunk"] = chunks[
+                    (name, workload)
+                ]
+                cols.append((f"{backend} {name}", row))
         summary[f"{suite}/{workload}"] = {
             "runs": dict(cols),
             "models": {

@@ -150,14 +150,16 @@ def test_gc_time_is_summed_over_the_main_run(tmp_path):
 @pytest.mark.parametrize(
     "name, passes",
     [
-        ("8b-16k-128k", ["."]),
-        ("8b-tp2", ["."]),
-        ("1b-host", ["pass1", "pass2"]),
+        ("serve-h200/8b-16k-128k", ["."]),
+        ("serve-h200/8b-tp2", ["."]),
+        ("serve-h200/1b-host", ["pass1", "pass2"]),
+        ("serve-h200-0.26.0/8b-tail", ["."]),
+        ("serve-h200-0.26.0/8b-128k", ["."]),
     ],
 )
 def test_published_reports_rebuild_from_their_run_json(name, passes, tmp_path):
-    """results/serve-h200 (what the README cites) is report.py's own output."""
-    published = ROOT / "results/serve-h200" / name
+    """results/serve-h200* (what the docs cite) is report.py's own output."""
+    published = ROOT / "results" / name
     report.write([published / p for p in passes], tmp_path)
     for f in ("report.md", "summary.json"):
         assert (tmp_path / f).read_text() == (published / f).read_text(), f
