@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import ops, trees, upstream
+from .errors import EXIT_FAIL, EXIT_OK
 
 # The CPU torch for a pin whose pin.toml names none ([build]
 # cpu_torch): the one this machine kind keeps on disk. vLLM 0.25.1 pins 2.11.0
@@ -141,12 +142,12 @@ def build_extension(layout: trees.Layout, py: Path, tree: Path) -> int:
     built = sorted(out.glob("_tagma_C*.so"))
     if not built:
         print(f"    no _tagma_C*.so in {out}")
-        return 1
+        return EXIT_FAIL
     for old in (tree / "vllm").glob("_tagma_C*.so"):
         old.unlink()
     shutil.copy2(built[0], tree / "vllm" / built[0].name)
     print(f"    {tree / 'vllm' / built[0].name}")
-    return 0
+    return EXIT_OK
 
 
 def build_fork(layout: trees.Layout) -> int:
@@ -218,8 +219,8 @@ def build_fork(layout: trees.Layout) -> int:
     _done(t0)
 
     t0 = _step("build vllm._tagma_C (stable ABI 3.11) from csrc/tagma")
-    if build_extension(layout, py, tree) != 0:
-        return 1
+    if build_extension(layout, py, tree) != EXIT_OK:
+        return EXIT_FAIL
     _done(t0)
 
     t0 = _step("install the test-only CPU platform plugin")
@@ -242,4 +243,4 @@ def build_fork(layout: trees.Layout) -> int:
         f"  tree: {tree}\n  venv: {venv}  (vllm.__version__ = {shown})\n"
         f"  try:  {py} -c 'import vllm; print(vllm.__version__)'"
     )
-    return 0 if version.returncode == 0 else 1
+    return EXIT_OK if version.returncode == 0 else EXIT_FAIL

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from . import stack, trees
+from .errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from .git import Git
 
 TEMPLATE = Path(__file__).with_name("pr_template.md")
@@ -33,7 +34,7 @@ def make_pr_branch(layout: trees.Layout) -> int:
     branch = f"tagma/pr/{pin.version}"
     if Git(layout.root).run("var", "GIT_COMMITTER_IDENT", check=False).returncode:
         print("set git user.name and user.email: the DCO sign-off needs them")
-        return 2
+        return EXIT_USAGE
     base = trees.ensure_base(layout, pin)
     names = trees.series_names(layout)
     git = trees.new_tree(layout, layout.pr, base, branch)
@@ -50,7 +51,7 @@ def make_pr_branch(layout: trees.Layout) -> int:
         failure = stack.apply_one(git, layout.patches / name, False, signoff=True)
         if failure:
             print(f"FAILED: {failure.patch} does not apply")
-            return 1
+            return EXIT_FAIL
         _clean_head(git)
     log = git.out("log", "--reverse", "--format=- %s", f"{base}..HEAD")
     text = TEMPLATE.read_text().format(version=pin.version, commits=log, branch=branch)
@@ -61,4 +62,4 @@ def make_pr_branch(layout: trees.Layout) -> int:
         f"  description: {description}\n"
         f"  push: git -C {layout.pr} push <your-fork-remote> {branch}"
     )
-    return 0
+    return EXIT_OK

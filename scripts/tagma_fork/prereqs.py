@@ -10,7 +10,7 @@ the standard library only, so it runs before any venv exists.
     python3 -m tagma_fork prereqs [--install]
 
 Without --install it names what is missing and the command that installs it
-(exit 2). With --install, as root on a Debian-like system, it runs apt-get;
+(exit 2, EXIT_USAGE). With --install, as root on a Debian-like system, it runs apt-get;
 otherwise it stops at once with the exact command to run.
 """
 
@@ -23,6 +23,8 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import EXIT_OK, EXIT_USAGE
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def main(install: bool = False) -> int:
         print(
             "prerequisites: all present (" + ", ".join(n.package for n in NEEDS) + ")"
         )
-        return 0
+        return EXIT_OK
     print("missing system packages:")
     for n in need:
         print(f"  {n.package:<13} {n.why}")
@@ -110,14 +112,14 @@ def main(install: bool = False) -> int:
         ):
             if subprocess.run(cmd, env=env).returncode != 0:
                 print(f"`{' '.join(cmd)}` failed", file=sys.stderr)
-                return 2
+                return EXIT_USAGE
         still = missing()
         if still:
             print("still missing after apt-get: " + ", ".join(n.package for n in still))
-            return 2
-        return 0
+            return EXIT_USAGE
+        return EXIT_OK
     if can_apt:
         print(f"install them with:\n  {install_command(need)}")
     else:
         print("install them with your system's package manager (Debian names above)")
-    return 2
+    return EXIT_USAGE

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, stack, trees, upstream
-from .errors import EXIT_CONFLICT, EXIT_FAIL, EXIT_USAGE, ToolError
+from .errors import EXIT_CONFLICT, EXIT_FAIL, EXIT_OK, EXIT_USAGE, ToolError
 from .git import Git, GitError
 
 BRANCH = "tagma/rebase"
@@ -227,7 +227,7 @@ def resume(layout: trees.Layout) -> int:
         _state_path(layout).unlink()
         trees.remove_tree(layout, layout.rebase)
         print(f"the rebase had finished: {target.relative_to(layout.root)}/ is written")
-        return 0
+        return EXIT_OK
     git = Git(layout.rebase)
     if git.unmerged_files():
         print(f"still unmerged: {', '.join(git.unmerged_files())}")
@@ -253,7 +253,7 @@ def abort(layout: trees.Layout) -> int:
     state = load_state(layout)
     if state is None and not layout.rebase.exists():
         print("no rebase to abort")
-        return 0
+        return EXIT_OK
     if layout.rebase.exists():
         git = Git(layout.rebase)
         if git.am_in_progress():
@@ -277,7 +277,7 @@ def abort(layout: trees.Layout) -> int:
         )
         return EXIT_FAIL
     print("rebase aborted; patches/ is as it was before the rebase (verified)")
-    return 0
+    return EXIT_OK
 
 
 def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin, rows: list[list]) -> int:
@@ -311,7 +311,7 @@ def _finish(layout: trees.Layout, git: Git, pin: upstream.Pin, rows: list[list])
         f"  next: review {rel}/conformance.toml, then "
         f"make build-fork test VLLM_VERSION={pin.version}"
     )
-    return 0
+    return EXIT_OK
 
 
 def results_dir(layout: trees.Layout, old: str, new: str) -> Path:

@@ -169,3 +169,10 @@ def test_layout_paths_belong_to_their_pin(tmp_path: Path) -> None:
     assert layout.bare == tmp_path / "b/upstream.git"
     with pytest.raises(ValueError, match="not a vLLM release version"):
         _ = trees.Layout(tmp_path, tmp_path, "../x").patches
+
+
+def test_no_build_outputs_are_committed() -> None:
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert not [f for f in tracked if ".egg-info/" in f or f.startswith("build/")]
