@@ -133,7 +133,9 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments")
     args = parser.parse_args()
 
-    tree, out = Path(args.tree), Path(args.out)
+    # pytest runs with the tree as its working directory: every path handed
+    # to it (junit file, model redirect) must not depend on ours.
+    tree, out = Path(args.tree).resolve(), Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     suites = args.suite or list(DEFAULT_SUITES)
     skip, expect = manifest(Path(args.manifest), args.backend)
