@@ -14,7 +14,6 @@ import json
 import platform
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +49,14 @@ def provenance() -> dict[str, Any]:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    # The venv running this is build/vllm-<v>/venv: its pin is <v>.
-    version = Path(sys.prefix).parent.name.removeprefix("vllm-")
+    # build-fork installs the tree with the pin's version (as write_path.py
+    # reads it too).
+    try:
+        import vllm
+
+        version = getattr(vllm, "__version__", "unknown")
+    except ImportError:
+        version = "unknown"
     return {"git": git, "upstream": f"vllm {version}"}
 
 

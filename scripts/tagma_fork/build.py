@@ -139,14 +139,11 @@ def build_extension(layout: trees.Layout, py: Path, tree: Path) -> int:
           "-DTAGMA_PYTHON_EXT=ON", "-DTAGMA_BUILD_TESTS=OFF", "-DTAGMA_BUILD_BENCH=OFF",
           "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={py}"])  # fmt: skip
     _run([cmake, "--build", str(out), "-j2", "--target", "_tagma_C"])
-    built = sorted(out.glob("_tagma_C*.so"))
-    if not built:
+    placed = trees.place_extension(layout, tree)
+    if placed is None:
         print(f"    no _tagma_C*.so in {out}")
         return EXIT_FAIL
-    for old in (tree / "vllm").glob("_tagma_C*.so"):
-        old.unlink()
-    shutil.copy2(built[0], tree / "vllm" / built[0].name)
-    print(f"    {tree / 'vllm' / built[0].name}")
+    print(f"    {placed}")
     return EXIT_OK
 
 

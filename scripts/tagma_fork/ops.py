@@ -57,8 +57,7 @@ def apply(layout: trees.Layout) -> Path:
     """
     staged = layout.pin_build / "tree.new"
     _import(layout, staged, None, link_engine=False)
-    for so in sorted((layout.pin_build / "tagma-ext").glob("_tagma_C*.so")):
-        shutil.copy2(so, staged / "vllm" / so.name)
+    trees.place_extension(layout, staged)
     trees.remove_tree(layout, layout.tree)
     Git(layout.bare).run("worktree", "move", str(staged), str(layout.tree))
     return layout.tree

@@ -15,7 +15,6 @@ bytes and `check` can detect drift.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +77,7 @@ def read_series(patches_dir: Path) -> list[str]:
 
 
 def write_series(patches_dir: Path, names: list[str]) -> None:
-    _write_bytes(patches_dir / "series", "".join(f"{n}\n" for n in names).encode())
+    (patches_dir / "series").write_bytes("".join(f"{n}\n" for n in names).encode())
 
 
 @dataclass(slots=True, frozen=True)
@@ -175,10 +174,7 @@ def lint_patch(name: str, data: bytes) -> list[Problem]:
             message = message[:i]
             break
     block = trailer_block(message)
-    tokens = {
-        token.lower(): value
-        for token, value, _ in (_trailer(line) or ("", "", "") for _, line in block)
-    }
+    tokens = {t[0].lower(): t[1] for _, line in block if (t := _trailer(line))}
     for trailer in REQUIRED_TRAILERS:
         if tokens.get(trailer.lower(), "").strip():
             continue
@@ -248,9 +244,9 @@ def mail_headers(lines: list[str]) -> tuple[dict[str, str], int]:
 _TRAILER_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]*)[ \t]*:[ \t]*(.*)")
 
 
-def _trailer(line: str) -> tuple[str, str, str] | None:
+def _trailer(line: str) -> tuple[str, str] | None:
     match = _TRAILER_RE.fullmatch(line)
-    return (match.group(1), match.group(2), line) if match else None
+    return (match.group(1), match.group(2)) if match else None
 
 
 def trailer_block(message: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -424,6 +420,9 @@ def drift(rendered: dict[str, bytes], patches_dir: Path) -> list[str]:
 def export(git: Git, base: str, patches_dir: Path, dry_run: bool = False) -> list[str]:
     """Write base..HEAD into patches/ (series, files; stale files removed).
 
+    Callers write into a staging folder (atomic.replacing) or a scratch one:
+    the folder switch, not each file, is what makes a write all or nothing.
+
     Returns:
         The names of files that differ, byte for byte, from what is on disk
         (written, or in a dry run only reported). Empty means no drift.
@@ -436,14 +435,7 @@ def export(git: Git, base: str, patches_dir: Path, dry_run: bool = False) -> lis
         if name == "series":
             write_series(patches_dir, list(rendered))
         elif name in rendered:
-            _write_bytes(patches_dir / name, rendered[name])
+            (patches_dir / name).write_bytes(rendered[name])
         else:
             (patches_dir / name).unlink()
     return changed
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    # Whole or not at all: an interrupted export leaves no half patch.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

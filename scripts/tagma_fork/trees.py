@@ -181,6 +181,19 @@ def place_engine(layout: Layout, tree: Path, link: bool) -> None:
         )
 
 
+def place_extension(layout: Layout, tree: Path) -> Path | None:
+    """Put the _tagma_C that build-fork built (build/vllm-<v>/tagma-ext) into
+    `tree`'s vllm/, replacing any older one. None when none is built."""
+    built = sorted((layout.pin_build / "tagma-ext").glob("_tagma_C*.so"))
+    if not built:
+        return None
+    for old in (tree / "vllm").glob("_tagma_C*.so"):
+        old.unlink()
+    dest = tree / "vllm" / built[0].name
+    shutil.copy2(built[0], dest)
+    return dest
+
+
 def series_names(layout: Layout) -> list[str]:
     names = read_series(layout.patches)
     missing = [n for n in names if not (layout.patches / n).is_file()]

@@ -153,10 +153,8 @@ def read_pin(stack: Path) -> Pin:
 
 
 def write_pin(stack: Path, pin: Pin) -> None:
-    path = stack / PIN_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(pin.dump())
-    tmp.replace(path)
+    # Written into a staging folder (rebase): its switch is the atomic step.
+    (stack / PIN_FILE).write_text(pin.dump())
 
 
 def cache_dir() -> Path:
