@@ -102,8 +102,9 @@ rebase-continue: $(TOOLS) ## continue a rebase stopped at a conflict
 rebase-abort: $(TOOLS) ## give up a rebase; patches/ stays (and is checked to be) as it was
 	$(FORK) rebase --abort
 
-pr-branch: $(TOOLS) ## build/vllm-<v>/pr: upstream + one signed-off commit per patch + engine
-	$(FORK) pr-branch
+pr-branch: $(TOOLS) ## PR branches tagma/pr/<v>/plugin (first patch) and /full (engine + every patch) in build/vllm-<v>/pr, on the newest pin (VLLM_VERSION=<v> picks one); author and sign-off: your git identity; TAGMA_AI_COAUTHOR=<tool> (default Claude); PR_plugin.md, PR_full.md; DRY_RUN=1 plans only
+	PYTHONPATH=scripts $(PY) -m tagma_fork $(if $(filter command line environment,$(origin VLLM_VERSION)),--pin $(VLLM_VERSION)) \
+	  pr-branch $(if $(DRY_RUN),--dry-run)
 
 lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 	$(PY) -m ruff check scripts tests csrc/tagma
@@ -163,7 +164,8 @@ $(ABI3AUDIT):
 	$(BUILD)/abi3audit/bin/pip install --quiet abi3audit==0.0.26
 
 test-bindings: $(ABI3AUDIT) ## _tagma_C: its pytest suite (-X dev, leak checks) and abi3audit (needs build-fork)
-	TAGMA_EXT_DIR=$(PIN_BUILD)/tagma-ext $(PY) -X dev -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
+	TAGMA_EXT_DIR=$(PIN_BUILD)/tagma-ext TAGMA_PY_ENGINE=$(PIN_BUILD)/tree/vllm/tagma/free_runs.py \
+	  $(PY) -X dev -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
 	$(ABI3AUDIT) --assume-minimum-abi3 3.11 -S -s $(PIN_BUILD)/tagma-ext/_tagma_C.abi3.so
 
 format-check: $(TOOLS) ## clang-format (pinned in scripts/requirements.txt) over the engine
@@ -176,3 +178,4 @@ test: ## the README's test command: everything CI runs (after make build-fork)
 	  { echo "make test: no build for vllm $(VLLM_VERSION) in $(PIN_BUILD); run make build-fork VLLM_VERSION=$(VLLM_VERSION) first"; exit 2; }
 	$(MAKE) --no-print-directory check-pins lint lint-stack format-check test-tooling \
 	  test-engine test-bindings test-conformance test-bench-gpu
+	PYTHONPATH=scripts $(PY) -m tagma_fork.record --pin $(VLLM_VERSION) --started $(shell date +%s)

@@ -27,14 +27,17 @@ for step in $steps; do
   echo "==> $step"
   case $step in
     tests)
-      # Test model names resolve to the config-only folders, as in CI.
+      # Test model names resolve to the config-only folders, as in CI. The
+      # plug-in point's scheduler test needs upstream's tests/v1/core/utils.py,
+      # which the bundle does not carry; it has no CUDA part (CI runs it).
       redirect=$OUT/model-redirect.json
       python3 -c "import json, pathlib, sys; d = pathlib.Path('tests/conformance/models');
 json.dump({p.name.replace('--', '/'): str(p.resolve()) for p in d.iterdir()
            if (p / 'config.json').exists()}, open(sys.argv[1], 'w'))" "$redirect"
       (cd "$dest/site" && VLLM_MODEL_REDIRECT_PATH=$redirect \
         python3 -m pytest -q -p no:cacheprovider -rs \
-        --junitxml="$OUT/gpu-tests.xml" tests) || status=1 ;;
+        --junitxml="$OUT/gpu-tests.xml" tests \
+        --ignore=tests/v1/core/test_kv_cache_manager_plugin.py) || status=1 ;;
     bench)
       python3 scripts/bench/write_path.py --out "$OUT" || status=1 ;;
     smoke)

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 #pragma once
 
 // The closed-form coordinate map of the KV cache: no table, no hash, no scan.

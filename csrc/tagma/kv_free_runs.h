@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 #pragma once
 
 // FreeRuns: which blocks of [0, num_blocks) are free, as an always-coalesced

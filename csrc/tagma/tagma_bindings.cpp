@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
 // vllm._tagma_C: the tagma engine for Python, on the limited API 3.11 (one
 // *.abi3.so for every CPython from 3.11 on). Pure C++: no torch, no CUDA.

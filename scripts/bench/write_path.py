@@ -6,14 +6,13 @@ Per decode step the runner fills `input_block_tables` (read path) and
 `slot_mappings` (write path). This times, under CUDA-graph replay, the
 kernels of one step for:
 
-    paged          gather + paged slot mapping (stock BlockTables)
-    tagma_gather   gather + tagma slot mapping (VLLM_TAGMA_EXPAND_RANGES=0)
-    tagma_expand   range expansion + tagma slot mapping (=1, the default)
-    tagma_fused    expansion and slot mapping in one kernel (=fused)
+    paged   gather + paged slot mapping (stock BlockTables)
+    tagma   range expansion and slot mapping in one kernel (TagmaBlockTables)
 
-and each kernel alone (paged_gather, paged_slots, tagma_expand_only,
-tagma_slots). Decode batch 64/256/512 x context 4K/16K/128K, block size 16,
-one contiguous range per request ("contig") or 8 ranges ("frag8").
+and the parts alone: paged_gather, paged_slots, and tagma_slots (a slot
+mapping with no gather before it, as a speculator's draft steps call it).
+Decode batch 64/256/512 x context 4K/16K/128K, block size 16, one contiguous
+range per request ("contig") or 8 ranges ("frag8").
 
 Usage (GPU):  PYTHONPATH=<patched vllm site> \
                   python scripts/bench/write_path.py --out DIR
@@ -39,8 +38,8 @@ import torch
 
 SCHEMA = "tagma-bench/1"
 BENCH = "write_path"
-VARIANTS = ["paged", "tagma_gather", "tagma_expand", "tagma_fused"]
-COMPONENTS = ["paged_gather", "paged_slots", "tagma_expand_only", "tagma_slots"]
+VARIANTS = ["paged", "tagma"]
+COMPONENTS = ["paged_gather", "paged_slots", "tagma_slots"]
 
 
 def _import_tagma():
@@ -84,9 +83,7 @@ def _build(cfg: dict, device: torch.device, tagma_mod, BlockTables):
         device=device,
         kernel_block_sizes=[bs],
     )
-    tables = {"paged": BlockTables(**kw)}
-    for mode in ("gather", "expand", "fused"):
-        tables[f"tagma_{mode}"] = tagma_mod.TagmaBlockTables(**kw, expand_mode=mode)
+    tables = {"paged": BlockTables(**kw), "tagma": tagma_mod.TagmaBlockTables(**kw)}
     rng = np.random.default_rng(0)
     for req in range(batch):
         ids = _layout(num_blocks, cfg["ranges"], 1 + req * (num_blocks + 16), rng)
@@ -116,35 +113,38 @@ def _steps(tables, idx_mapping, qsl, positions) -> dict[str, Callable[[], None]]
 
         return fn
 
-    p, tg, te, tf = (tables[k] for k in VARIANTS)
+    p, t = tables["paged"], tables["tagma"]
+    # No tagma gather alone: it only records the batch, and the
+    # compute_slot_mappings() that follows fills the block table.
     return {
         "paged": step(p),
-        "tagma_gather": step(tg),
-        "tagma_expand": step(te),
-        "tagma_fused": step(tf),
+        "tagma": step(t),
         "paged_gather": step(p, slots=False),
         "paged_slots": step(p, gather=False),
-        "tagma_expand_only": step(te, slots=False),
-        "tagma_slots": step(te, gather=False),
+        "tagma_slots": step(t, gather=False),
     }
 
 
 def _check(tables, idx_mapping, qsl, positions) -> None:
-    """All variants must agree with paged before anything is timed."""
+    """Tagma must agree with paged before anything is timed."""
     batch = idx_mapping.shape[0]
-    ref = None
+    out = {}
     for name in VARIANTS:
         t = tables[name]
-        # Read the block table after both calls: in fused mode the expansion
-        # runs in compute_slot_mappings().
+        # Read the block table after both calls: tagma expands the ranges in
+        # compute_slot_mappings().
         bt = t.gather_block_tables(idx_mapping, batch)[0]
         sm = t.compute_slot_mappings(idx_mapping, qsl, positions, batch).clone()
-        bt = bt.clone()
-        if ref is None:
-            ref = (bt, sm)
-        else:
-            assert torch.equal(bt, ref[0]), f"{name}: block table differs"
-            assert torch.equal(sm, ref[1]), f"{name}: slot mapping differs"
+        # The slot mapping alone (the tagma_slots step): another kernel.
+        alone = t.compute_slot_mappings(idx_mapping, qsl, positions, batch).clone()
+        out[name] = (bt.clone(), sm, alone)
+    for what, p, t in zip(
+        ("block table", "slot mapping", "slot mapping alone"),
+        out["paged"],
+        out["tagma"],
+        strict=True,
+    ):
+        assert torch.equal(t, p), f"tagma: {what} differs from paged"
 
 
 def _time_cuda(fn, replays: int, repeats: int) -> list[float]:
@@ -292,11 +292,10 @@ def run(args) -> dict:
 
 def print_ratios(result: dict) -> None:
     m = result["metrics"]
-    print("\nmedian us/step (ratio to paged gather+slots)")
+    print("\nmedian us/step (ratio to paged gather+slots; slots: alone, to paged's)")
     print(
-        f"{'layout':7} {'batch':>5} {'ctx':>7} {'paged':>7} "
-        + " ".join(f"{v:>18}" for v in VARIANTS[1:])
-        + f" {'expand/gather':>14}"
+        f"{'layout':7} {'batch':>5} {'ctx':>7} {'paged':>7} {'tagma':>18} "
+        f"{'paged slots':>11} {'tagma slots':>18}"
     )
     for key in m:
         name, *rest = key.split("|")
@@ -305,16 +304,13 @@ def print_ratios(result: dict) -> None:
         suffix = "|".join(rest)
         cfg = dict(kv.split("=") for kv in rest)
         paged = m[key]["median"]
-        cells = []
-        for v in VARIANTS[1:]:
-            t = m[f"{v}|{suffix}"]["median"]
-            cells.append(f"{t:8.2f} ({t / paged:4.2f}x)")
-        g = m[f"paged_gather|{suffix}"]["median"]
-        e = m[f"tagma_expand_only|{suffix}"]["median"]
+        tagma = m[f"tagma|{suffix}"]["median"]
+        ps = m[f"paged_slots|{suffix}"]["median"]
+        ts = m[f"tagma_slots|{suffix}"]["median"]
         print(
             f"{cfg['layout']:7} {cfg['batch']:>5} {cfg['ctx']:>7} {paged:7.2f} "
-            + " ".join(f"{c:>18}" for c in cells)
-            + f" {e / g:13.2f}x"
+            f"{tagma:8.2f} ({tagma / paged:4.2f}x) {ps:11.2f} "
+            f"{ts:8.2f} ({ts / ps:4.2f}x)"
         )
 
 
@@ -356,7 +352,8 @@ def plot(result: dict, png: pathlib.Path) -> None:
                     [s["p90"] - s["median"] for s in stats],
                 ]
             )
-            ax.bar(x + (i - 1.5) * width, med, width, yerr=err, capsize=2, label=v)
+            offset = (i - (len(VARIANTS) - 1) / 2) * width
+            ax.bar(x + offset, med, width, yerr=err, capsize=2, label=v)
         ax.set_xticks(x)
         ax.set_xticklabels(
             [f"{b.split('=')[1]}\n{_ctx_label(c)}" for b, c in configs],

@@ -163,6 +163,18 @@ SUITES = {
             profile=Workload("profile-120k", _random(120000, 256, 1), warmups=0),
             gate_lens=(8, 64, 512, 2048, 8192, 32768),
         ),
+        # 8b-128k's ShareGPT burst with four API servers: a single API
+        # server falls behind tagma's token stream there (more tokens per
+        # streamed chunk than under paged, docs/itl-tail.md), so this
+        # separates the front end from the engine.
+        Suite(
+            "8b-128k-api4",
+            "llama-3.1-8b",
+            131072,
+            [Workload("sharegpt", _sharegpt(300))],
+            gate_lens=(8, 512, 8192),
+            server_args=["--api-server-count", "4"],
+        ),
         Suite(
             "1b-host",
             "llama-3.2-1b",

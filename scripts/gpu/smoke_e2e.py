@@ -9,6 +9,15 @@ per backend, each in its own process (one engine per process), and compares
 the generated token ids. Prompts mix short and long lengths and share
 prefixes, so tagma sees prefix hits and several ranges. Exit 1 on any
 difference.
+
+Two phases, each paged then tagma:
+- "plain": a roomy KV cache, the batch as it comes.
+- "preempt": VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, so a different
+  batch composition cannot change the numerics) and a KV cache of
+  PREEMPT_BLOCKS blocks, too small for the batch (40 requests, 256 tokens
+  each), so the scheduler preempts and resumes requests; the shared prefixes
+  (700 and 333 tokens) end mid-block.
+  The phase fails unless both backends preempted at least once.
 """
 
 from __future__ import annotations
@@ -21,43 +30,85 @@ import subprocess
 import sys
 import time
 
+BACKENDS = ("paged", "tagma")
+PHASES = ("plain", "preempt")
+# 16-token blocks: 4,800 tokens of KV for 40 requests of up to 1,356 tokens.
+PREEMPT_BLOCKS = 300
+
 
 def prompts() -> list[list[int]]:
     rng = random.Random(0)
     shared = [rng.randrange(1, 128000) for _ in range(700)]
+    other = [rng.randrange(1, 128000) for _ in range(333)]
     out = []
     for i, length in enumerate((17, 100, 513, 1000, 2049, 3000, 64, 4000)):
         ids = [rng.randrange(1, 128000) for _ in range(length)]
         out.append(ids)
         if i % 2 == 0:
             out.append(shared + ids[:50])  # prefix hits across requests
+        else:
+            out.append(other + ids[:29])
     return out
 
 
-def generate(model: str, variant: str, path: str) -> None:
-    backend, _, expand = variant.partition(":")
-    if expand:
-        os.environ["VLLM_TAGMA_EXPAND_RANGES"] = expand
+def preempt_prompts() -> list[list[int]]:
+    """Many mid-length prompts, most behind one of two shared prefixes that
+    end mid-block: admitted together, their decode growth overflows the
+    small cache, so running requests are preempted and resumed."""
+    rng = random.Random(1)
+    shared = [[rng.randrange(1, 128000) for _ in range(n)] for n in (700, 333)]
+    out = []
+    for i in range(40):
+        ids = [rng.randrange(1, 128000) for _ in range(rng.randrange(40, 400))]
+        out.append(ids if i % 5 == 4 else shared[i % 2] + ids)
+    return out
+
+
+def num_preemptions(llm) -> int:
+    return int(
+        sum(
+            getattr(m, "value", 0)
+            for m in llm.get_metrics()
+            if m.name == "vllm:num_preemptions"
+        )
+    )
+
+
+def generate(model: str, backend: str, phase: str, path: str) -> None:
+    if phase == "preempt":
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    extra: dict = {}
+    if phase == "preempt":
+        # max_model_len must fit the small cache (4,096 <= 4,800 tokens).
+        extra = {
+            "num_gpu_blocks_override": PREEMPT_BLOCKS,
+            "disable_log_stats": False,
+            "max_model_len": 4096,
+        }
     t0 = time.time()
     llm = LLM(
         model=model,
         load_format="dummy",
-        max_model_len=8192,
         seed=0,
         kv_cache_backend=backend,
         gpu_memory_utilization=0.5,
+        **({"max_model_len": 8192} | extra),
     )
     init_s = time.time() - t0
-    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts()]
+    max_tokens = 256 if phase == "preempt" else 48
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids = preempt_prompts() if phase == "preempt" else prompts()
+    batch = [TokensPrompt(prompt_token_ids=p) for p in ids]
     # Twice: the second pass hits the prefix cache for every prompt.
     first = llm.generate(batch, params, use_tqdm=False)
     second = llm.generate(batch, params, use_tqdm=False)
     result = {
-        "variant": variant,
+        "backend": backend,
+        "phase": phase,
+        "preemptions": num_preemptions(llm) if phase == "preempt" else None,
         "engine_init_s": round(init_s, 1),
         "first": [list(o.outputs[0].token_ids) for o in first],
         "second": [list(o.outputs[0].token_ids) for o in second],
@@ -70,37 +121,41 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument(
-        "--variants",
-        nargs="+",
-        default=["tagma"],
-        help="tagma variants to compare with paged: tagma[:EXPAND_MODE]",
-    )
-    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # backend phase
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.one:
-        generate(a.model, a.one, os.path.join(a.out, f"smoke-{a.one}.json"))
+        backend, phase = a.one
+        path = os.path.join(a.out, f"smoke-{phase}-{backend}.json")
+        generate(a.model, backend, phase, path)
         return 0
-    results = {}
-    for variant in ("paged", *a.variants):
-        print(f"==> {variant}", flush=True)
-        cmd = [sys.executable, __file__, "--model", a.model, "--out", a.out]
-        subprocess.run([*cmd, "--one", variant], check=True)
-        with open(os.path.join(a.out, f"smoke-{variant}.json")) as f:
-            results[variant] = json.load(f)
     status = 0
-    for variant in a.variants:
-        status |= compare(results["paged"], results[variant], variant)
+    for phase in a.phases:
+        results = {}
+        for backend in BACKENDS:
+            print(f"==> {phase}: {backend}", flush=True)
+            cmd = [sys.executable, __file__, "--model", a.model, "--out", a.out]
+            subprocess.run([*cmd, "--one", backend, phase], check=True)
+            with open(os.path.join(a.out, f"smoke-{phase}-{backend}.json")) as f:
+                results[backend] = json.load(f)
+        status |= compare(results["paged"], results["tagma"])
     return status
 
 
-def compare(paged: dict, tagma: dict, variant: str) -> int:
+def compare(paged: dict, tagma: dict) -> int:
     same = paged["first"] == tagma["first"] and paged["second"] == tagma["second"]
     same_cache = paged["first"] == paged["second"]
     n = len(paged["first"])
+    phase = paged.get("phase", "plain")
+    if phase == "preempt":
+        counts = (paged["preemptions"], tagma["preemptions"])
+        print(f"[preempt] preemptions paged {counts[0]}, tagma {counts[1]}")
+        if min(counts) < 1:
+            print("  the KV cache did not force preemption: the phase proves nothing")
+            same = False
     print(
-        f"{variant}: prompts: {n}; token ids equal paged vs tagma: {same}; "
+        f"[{phase}] prompts: {n}; token ids equal paged vs tagma: {same}; "
         f"equal with prefix-cache hits (second pass): "
         f"{paged['second'] == tagma['second']}; paged first==second: {same_cache}"
     )

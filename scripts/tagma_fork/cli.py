@@ -12,7 +12,12 @@ Verbs (each also a Makefile target):
   export      worktree -> patches/vllm-<v>/ (canonical; --dry-run reports drift)
   check       lint, apply on the pinned sdist, re-export, compare (--all: every pin)
   rebase      port the pin's stack to another release (--to, --continue, --abort)
-  pr-branch   build/vllm-<v>/pr: upstream base + one signed-off commit per patch
+  pr-branch   build/vllm-<v>/pr, on the newest pin unless --pin is given:
+              tagma/pr/<v>/plugin (base + the first patch) and
+              tagma/pr/<v>/full (base + engine + every patch), authored
+              and signed off by your git identity, vLLM title tags and
+              AI trailer (TAGMA_AI_COAUTHOR, default Claude); filled
+              descriptions PR_plugin.md, PR_full.md (--dry-run: plan only)
   build       apply, then install the patched tree into build/vllm-<v>/venv
   prereqs     check (--install: install) what build and test need
 
@@ -107,9 +112,13 @@ def cmd_rebase(layout: trees.Layout, args: argparse.Namespace) -> int:
 
 
 def cmd_pr_branch(layout: trees.Layout, args: argparse.Namespace) -> int:
-    from .pr import make_pr_branch
+    from . import pr
 
-    return make_pr_branch(layout)
+    # A PR goes to upstream's newest release: the highest pin, not the
+    # default, unless --pin names one.
+    if args.pin is None:
+        layout = pr.newest(layout)
+    return pr.make_pr_branch(layout, dry_run=args.dry_run)
 
 
 def cmd_build(layout: trees.Layout, args: argparse.Namespace) -> int:
@@ -157,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run", action="store_true", help="report per patch, write nothing"
     )
-    verb("pr-branch", cmd_pr_branch, "upstream PR branch in the pin's build folder")
+    verb(
+        "pr-branch", cmd_pr_branch, "the upstream PR branches (default: newest pin)"
+    ).add_argument("--dry-run", action="store_true", help="check and plan only")
     verb("build", cmd_build, "apply + install the patched vLLM into the pin's venv")
     p = sub.add_parser("prereqs", help="check what build and test need")
     p.add_argument(

@@ -29,11 +29,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# vLLM's core scheduler/KV suites, plus the stack's own tests in the tree.
+# vLLM's core scheduler/KV suites (the plug-in point's test among them), plus
+# the stack's own tests in the tree.
 DEFAULT_SUITES = (
     "tests/v1/core",
     "tests/config/test_kv_cache_backend.py",
     "tests/v1/worker/gpu/test_tagma_block_table.py",
+    "tests/v1/worker/test_block_tables_plugin.py",
 )
 
 
@@ -143,7 +145,10 @@ def main() -> int:
     junit = out / f"{args.backend}.xml"
     env = {
         **os.environ,
-        "VLLM_KV_CACHE_BACKEND": args.backend,
+        # tagma_default.py, the plugin that makes tagma CacheConfig's default.
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(HERE), os.environ.get("PYTHONPATH")])
+        ),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_MODEL_REDIRECT_PATH": str(redirect_file(out)),
@@ -151,9 +156,11 @@ def main() -> int:
         "TRITON_INTERPRET": "1",
         "VLLM_NO_USAGE_STATS": "1",
     }
+    backend_plugin = ["-p", "tagma_default"] if args.backend == "tagma" else []
     cmd = [
         sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider",
         "-o", "addopts=", f"--junitxml={junit}", "--timeout=600",
+        *backend_plugin,
         *(f"--deselect={t}" for t, _ in skip),
         *(f"--deselect={t}" for t in expected_tests), *args.pytest_args,
     ]  # fmt: skip
@@ -191,7 +198,7 @@ def main() -> int:
         xfail_junit = out / f"{args.backend}-expected-failures.xml"
         subprocess.run(
             [sys.executable, "-m", "pytest", *expected_tests, "-q",
-             "-p", "no:cacheprovider", "-o", "addopts=",
+             "-p", "no:cacheprovider", "-o", "addopts=", *backend_plugin,
              f"--junitxml={xfail_junit}"],
             cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

@@ -161,26 +161,6 @@ def test_new_release_gets_its_own_base(project: Project) -> None:
     ]
 
 
-def test_pr_branch_signs_off_each_commit(two_patches: Project) -> None:
-    from tagma_fork.pr import make_pr_branch
-
-    assert make_pr_branch(two_patches.layout) == 0
-    git = Git(two_patches.layout.pr)
-    subjects = git.out("log", "--reverse", "--format=%s", "upstream/v9.0.0..HEAD")
-    assert subjects.splitlines()[1:] == ["config: tag line 10", "tagma: add a module"]
-    assert "csrc/tagma" in subjects.splitlines()[0]
-    for body in git.out("log", "--format=%B%x00", "upstream/v9.0.0..HEAD").split("\0"):
-        if body.strip():
-            assert "Signed-off-by: Test <test@example.invalid>" in body
-            assert "Forwarded:" not in body and "Patch-Filename" not in body
-    assert (two_patches.layout.pr / "csrc/tagma/engine.h").exists()
-    assert git.out("status", "--porcelain") == ""
-    assert (
-        "AI assistance"
-        in (two_patches.layout.pin_build / "PR_DESCRIPTION.md").read_text()
-    )
-
-
 def test_patch_bytes_do_not_depend_on_position(project: Project) -> None:
     project.add_patch(
         "first.patch",

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Per-call cost from Python: the _tagma_C binding vs vLLM's BlockPool.
 
 The same work, in one process, rounds alternating which side goes first:

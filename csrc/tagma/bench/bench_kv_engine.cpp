@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
 // Host benchmark of the tagma engine: the seed report's 11 scenarios plus a
 // fragmentation trace. Steady-clock harness: each scenario runs `iterations`

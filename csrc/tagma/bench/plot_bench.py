@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Plot bench_kv_engine results, from the JSON files only.
 
 Given one or more run files of bench_kv_engine (`--json`), draws beside the

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
 // Randomized invariant test: long random op sequences, after every op
 // KVAllocator::validate() AND a comparison with an independent reference

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
 // Randomized invariant test of FreeRuns: random add / add_range / remove /
 // remove_range / take_after / take, after every op FreeRuns::validate() AND a

@@ -1,16 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Tests of the _tagma_C extension: every method, every error path (the
 right exception, the object unchanged and still usable), the module's
-stable-ABI build, and a leak check over 10^5 calls.
+stable-ABI build, and a leak check over 10^5 calls. The FreeRuns tests also
+run against the pure-Python fallback (vllm/tagma/free_runs.py).
 """
 
 import array
+import copy
 import gc
 import glob
 import importlib.util
+import itertools
 import os
 import pathlib
+import pickle
+import random
 import shutil
 import subprocess
 import sys
@@ -92,9 +97,9 @@ def test_module_multi_phase_init_gives_independent_types():
     gc.collect()
 
 
-def _other_pythons():
+def _other_pythons(versions=("3.12", "3.13")):
     found = {}
-    for v in ("3.12", "3.13"):
+    for v in versions:
         exe = shutil.which(f"python{v}")
         cands = [exe] if exe else []
         cands += sorted(
@@ -136,8 +141,8 @@ def test_module_imports_under_newer_python(version):
 # --------------------------------------------------------------- FreeRuns
 
 
-def test_free_runs_starts_empty():
-    f = T.FreeRuns(16)
+def test_free_runs_starts_empty(engine):
+    f = engine.FreeRuns(16)
     assert (f.num_blocks, f.alignment) == (16, 1)
     assert (f.num_free, f.largest_run, f.num_runs) == (0, 0, 0)
     assert f.runs() == []
@@ -150,26 +155,40 @@ def test_free_runs_starts_empty():
 @pytest.mark.parametrize(
     "args", [(0,), (-1,), (T.MAX_BLOCKS + 1,), (8, 0), (8, 9), (8, -2), (2**70,)]
 )
-def test_free_runs_constructor_errors(args):
+def test_free_runs_constructor_errors(engine, args):
     with pytest.raises(ValueError, match=r"FreeRuns"):
-        T.FreeRuns(*args)
+        engine.FreeRuns(*args)
 
 
-def test_free_runs_constructor_types():
-    assert T.FreeRuns(num_blocks=8, alignment=2).alignment == 2
-    assert T.FreeRuns(np.int64(8)).num_blocks == 8
-    with pytest.raises(TypeError):
-        T.FreeRuns("8")
-    with pytest.raises(TypeError):
-        T.FreeRuns(8.0)
-    with pytest.raises(TypeError):
-        T.FreeRuns()
-    with pytest.raises(TypeError):
-        T.FreeRuns(8, 1, 1)
+def test_free_runs_is_final_and_not_picklable(engine):
+    # The stub's @final, and no copy of an object whose state Python does
+    # not see; the fallback must not quietly allow either.
+    with pytest.raises(TypeError, match="not an acceptable base type"):
+
+        class Sub(engine.FreeRuns):
+            pass
+
+    f = engine.FreeRuns(8)
+    for fn in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot pickle"):
+            fn(f)
 
 
-def test_free_runs_add_coalesces():
-    f = T.FreeRuns(16)
+def test_free_runs_constructor_types(engine):
+    assert engine.FreeRuns(num_blocks=8, alignment=2).alignment == 2
+    assert engine.FreeRuns(np.int64(8)).num_blocks == 8
+    with pytest.raises(TypeError):
+        engine.FreeRuns("8")
+    with pytest.raises(TypeError):
+        engine.FreeRuns(8.0)
+    with pytest.raises(TypeError):
+        engine.FreeRuns()
+    with pytest.raises(TypeError):
+        engine.FreeRuns(8, 1, 1)
+
+
+def test_free_runs_add_coalesces(engine):
+    f = engine.FreeRuns(16)
     f.add([3, 1, 2])
     assert f.runs() == [(1, 3)]
     f.add((5, 9, 8))
@@ -198,8 +217,8 @@ def test_free_runs_add_coalesces():
         lambda v: [np.int64(x) for x in v],
     ],
 )
-def test_free_runs_add_remove_buffers(make):
-    f = T.FreeRuns(64)
+def test_free_runs_add_remove_buffers(engine, make):
+    f = engine.FreeRuns(64)
     f.add(make([7, 5, 6, 40]))
     assert f.runs() == [(5, 3), (40, 1)]
     f.remove(make([6, 40]))
@@ -207,8 +226,8 @@ def test_free_runs_add_remove_buffers(make):
     assert f.validate()
 
 
-def test_free_runs_add_buffer_errors_leave_state_unchanged():
-    f = T.FreeRuns(16)
+def test_free_runs_add_buffer_errors_leave_state_unchanged(engine):
+    f = engine.FreeRuns(16)
     f.add_range(2, 3)
     st = lambda: fr_state(f)  # noqa: E731
     raises_unchanged(st, TypeError, f.add, np.array([1.0, 2.0]), match="format")
@@ -240,8 +259,8 @@ def test_free_runs_add_buffer_errors_leave_state_unchanged():
     assert f.runs() == [(0, 5)]
 
 
-def test_free_runs_add_errors_leave_state_unchanged():
-    f = T.FreeRuns(16)
+def test_free_runs_add_errors_leave_state_unchanged(engine):
+    f = engine.FreeRuns(16)
     f.add_range(2, 3)
     f.add_range(10, 2)
     st = lambda: fr_state(f)  # noqa: E731
@@ -271,8 +290,8 @@ def test_free_runs_add_errors_leave_state_unchanged():
     assert f.runs() == [(0, 5), (10, 2)]
 
 
-def test_free_runs_add_range():
-    f = T.FreeRuns(16)
+def test_free_runs_add_range(engine):
+    f = engine.FreeRuns(16)
     f.add_range(4, 4)
     f.add_range(0, 4)
     f.add_range(8, 8)
@@ -280,8 +299,8 @@ def test_free_runs_add_range():
     assert f.validate()
 
 
-def test_free_runs_add_range_errors_leave_state_unchanged():
-    f = T.FreeRuns(16)
+def test_free_runs_add_range_errors_leave_state_unchanged(engine):
+    f = engine.FreeRuns(16)
     f.add_range(2, 3)
     st = lambda: fr_state(f)  # noqa: E731
     raises_unchanged(st, ValueError, f.add_range, 0, 0, match="zero count")
@@ -304,8 +323,8 @@ def test_free_runs_add_range_errors_leave_state_unchanged():
     assert f.runs() == [(0, 5)]
 
 
-def test_free_runs_remove_splits():
-    f = T.FreeRuns(16)
+def test_free_runs_remove_splits(engine):
+    f = engine.FreeRuns(16)
     f.add_range(0, 16)
     f.remove([10, 5, 6])
     assert f.runs() == [(0, 5), (7, 3), (11, 5)]
@@ -316,8 +335,8 @@ def test_free_runs_remove_splits():
     assert f.validate()
 
 
-def test_free_runs_remove_errors_leave_state_unchanged():
-    f = T.FreeRuns(16)
+def test_free_runs_remove_errors_leave_state_unchanged(engine):
+    f = engine.FreeRuns(16)
     f.add_range(2, 3)
     f.add_range(10, 2)
     st = lambda: fr_state(f)  # noqa: E731
@@ -342,8 +361,8 @@ def test_free_runs_remove_errors_leave_state_unchanged():
     assert f.runs() == [(10, 2)]
 
 
-def test_free_runs_take_after():
-    f = T.FreeRuns(16)
+def test_free_runs_take_after(engine):
+    f = engine.FreeRuns(16)
     f.add_range(4, 4)
     f.add_range(10, 6)
     assert f.take_after(3, 2) == 2
@@ -367,9 +386,9 @@ def test_free_runs_take_after():
 
 
 @pytest.mark.parametrize("block", [16, 99, -2, -5, 2**63, 2**64, -(2**64)])
-def test_free_runs_take_after_out_of_range_block_raises(block):
+def test_free_runs_take_after_out_of_range_block_raises(engine, block):
     # It returned 0, as if the block were merely not followed by free ones.
-    f = T.FreeRuns(16)
+    f = engine.FreeRuns(16)
     f.add_range(0, 16)
     raises_unchanged(
         lambda: fr_state(f),
@@ -390,8 +409,8 @@ def test_free_runs_take_after_out_of_range_block_raises(block):
     assert f.runs() == [(2, 14)]
 
 
-def test_free_runs_take_best_fit_lowest_address():
-    f = T.FreeRuns(64)
+def test_free_runs_take_best_fit_lowest_address(engine):
+    f = engine.FreeRuns(64)
     for s, n in [(0, 4), (7, 6), (20, 6), (30, 34)]:
         f.add_range(s, n)
     assert f.take(5) == [(7, 5)]
@@ -402,8 +421,8 @@ def test_free_runs_take_best_fit_lowest_address():
     assert f.num_free == 0
 
 
-def test_free_runs_take_multi_range():
-    f = T.FreeRuns(20)
+def test_free_runs_take_multi_range(engine):
+    f = engine.FreeRuns(20)
     for s, n in [(0, 3), (4, 5), (10, 2), (13, 4)]:
         f.add_range(s, n)
     assert f.take(12, 3) == [(4, 5), (13, 4), (0, 3)]
@@ -411,8 +430,8 @@ def test_free_runs_take_multi_range():
     assert f.validate()
 
 
-def test_free_runs_take_errors_leave_state_unchanged():
-    f = T.FreeRuns(20)
+def test_free_runs_take_errors_leave_state_unchanged(engine):
+    f = engine.FreeRuns(20)
     for s, n in [(0, 3), (4, 5), (10, 2), (13, 4)]:
         f.add_range(s, n)
     st = lambda: fr_state(f)  # noqa: E731
@@ -445,8 +464,8 @@ def test_free_runs_take_errors_leave_state_unchanged():
     assert f.num_free == 0
 
 
-def test_free_runs_alignment():
-    f = T.FreeRuns(32, 4)
+def test_free_runs_alignment(engine):
+    f = engine.FreeRuns(32, 4)
     f.add_range(1, 10)
     f.add_range(20, 12)
     assert f.largest_run == 12
@@ -459,8 +478,8 @@ def test_free_runs_alignment():
     assert f.largest_run == 0 and f.num_free == 6
 
 
-def test_free_runs_contains_and_properties():
-    f = T.FreeRuns(8)
+def test_free_runs_contains_and_properties(engine):
+    f = engine.FreeRuns(8)
     f.add([1, 2])
     assert 1 in f and 2 in f and 0 not in f
     assert -1 not in f and 8 not in f and 2**80 not in f
@@ -487,11 +506,11 @@ def test_free_runs_contains_and_properties():
         ([Index(-(2**64))], -(2**64)),
     ],
 )
-def test_free_runs_out_of_range_ids_reported_as_passed(data, shown):
+def test_free_runs_out_of_range_ids_reported_as_passed(engine, data, shown):
     # A uint64 id above int64 (2**63; 2**64 - 1, numpy's -1) was reported as
     # "block -1"; every id that does not fit is now named as passed, in the
     # words of the engine's own range error (ids >= num_blocks).
-    f = T.FreeRuns(16)
+    f = engine.FreeRuns(16)
     f.add_range(2, 3)
     st = lambda: fr_state(f)  # noqa: E731
     for fn, name in ((f.add, "add"), (f.remove, "remove")):
@@ -507,8 +526,8 @@ def test_free_runs_out_of_range_ids_reported_as_passed(data, shown):
         )
 
 
-def _free_runs_8():
-    f = T.FreeRuns(8)
+def _free_runs_8(engine):
+    f = engine.FreeRuns(8)
     f.add([1, 2])
     return f
 
@@ -533,30 +552,42 @@ _NOT_INTS = {
 }
 
 
-@pytest.mark.parametrize("make", [_free_runs_8, _allocator_8])
-@pytest.mark.parametrize("key", list(_NOT_INTS.values()), ids=list(_NOT_INTS))
-def test_contains_non_int_is_false(make, key):
-    # The stub's __contains__ takes any object; `"1" in obj` raised TypeError.
-    obj = make()
+def _check_contains_non_int(obj, key):
     assert (key in obj) is False
     assert key not in obj
     assert 1 in obj and Index(1) in obj and np.int64(1) in obj
 
 
-def test_contains_index_error_propagates():
-    class Bad:
-        def __index__(self):
-            raise RuntimeError("boom")
-
-    for obj in (_free_runs_8(), _allocator_8()):
-        with pytest.raises(RuntimeError, match="boom"):
-            Bad() in obj  # noqa: B015
+@pytest.mark.parametrize("key", list(_NOT_INTS.values()), ids=list(_NOT_INTS))
+def test_free_runs_contains_non_int_is_false(engine, key):
+    # The stub's __contains__ takes any object; `"1" in obj` raised TypeError.
+    _check_contains_non_int(_free_runs_8(engine), key)
 
 
-def test_free_runs_ids_whose_index_calls_back():
+@pytest.mark.parametrize("key", list(_NOT_INTS.values()), ids=list(_NOT_INTS))
+def test_kv_allocator_contains_non_int_is_false(key):
+    _check_contains_non_int(_allocator_8(), key)
+
+
+class _BadIndex:
+    def __index__(self):
+        raise RuntimeError("boom")
+
+
+def test_free_runs_contains_index_error_propagates(engine):
+    with pytest.raises(RuntimeError, match="boom"):
+        _BadIndex() in _free_runs_8(engine)  # noqa: B015
+
+
+def test_kv_allocator_contains_index_error_propagates():
+    with pytest.raises(RuntimeError, match="boom"):
+        _BadIndex() in _allocator_8()  # noqa: B015
+
+
+def test_free_runs_ids_whose_index_calls_back(engine):
     # An id's __index__ that calls add/remove on the same object reused the
     # vector the outer call was filling: blocks 1, 2, 3 were silently lost.
-    f = T.FreeRuns(16)
+    f = engine.FreeRuns(16)
 
     class AddsTen:
         def __index__(self):
@@ -575,12 +606,16 @@ def test_free_runs_ids_whose_index_calls_back():
     assert f.validate()
 
 
-def test_free_runs_id_dropped_by_its_own_index():
+def test_free_runs_id_dropped_by_its_own_index(engine):
     # The out-of-range message printed an item the list no longer held (its
     # __index__ had cleared the list): a use after free, a crash. In a child
-    # process, so that the old crash fails this test only.
+    # process, so that the old crash fails this test only. The engine is
+    # loaded by its file: _tagma_C.abi3.so or free_runs.py.
+    path = pathlib.Path(engine.__file__)
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import _tagma_C as t\n"
+        "import sys, importlib.util as u\n"
+        "s = u.spec_from_file_location(sys.argv[2], sys.argv[1])\n"
+        "t = u.module_from_spec(s); s.loader.exec_module(t)\n"
         "class Id:\n"
         "    def __init__(self, owner): self.owner = owner\n"
         "    def __index__(self): self.owner.clear(); return 2**40\n"
@@ -593,13 +628,265 @@ def test_free_runs_id_dropped_by_its_own_index():
         "print(msg)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", code, str(EXT_DIR)],
+        [sys.executable, "-X", "dev", "-c", code, str(path), path.name.split(".")[0]],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert "block out of range: block 1099511627776 not in [0, 16)" in out.stdout
+
+
+# ------------------------------------------- FreeRuns: the Python engine
+# vllm.tagma falls back to vllm/tagma/free_runs.py when _tagma_C cannot load.
+# Every FreeRuns test above runs against both engines; these check that the
+# two agree on random call sequences, and what only the Python one needs.
+
+
+def test_free_runs_python_engine_has_the_same_interface(py_engine):
+    assert py_engine.MAX_BLOCKS == T.MAX_BLOCKS
+
+    def public(cls):
+        return {n for n in dir(cls) if not n.startswith("_")} | {
+            n for n in ("__contains__", "__repr__") if n in vars(cls)
+        }
+
+    assert public(py_engine.FreeRuns) == public(T.FreeRuns)
+
+
+@pytest.mark.parametrize("version", ["current", "3.10"])
+def test_free_runs_python_engine_is_stdlib_only(py_engine, version):
+    # The fallback serves Pythons that cannot load _tagma_C (3.10 among
+    # them), and must load without vLLM, torch or numpy.
+    path = py_engine.__file__  # first: without the engine, fail, not skip
+    exe = sys.executable
+    if version != "current":
+        exe = _other_pythons((version,)).get(version)
+        if exe is None:
+            pytest.skip(f"no Python {version} here")
+    code = (
+        "import sys, importlib.util as u\n"
+        "s = u.spec_from_file_location('free_runs', sys.argv[1])\n"
+        "t = u.module_from_spec(s); s.loader.exec_module(t)\n"
+        "f = t.FreeRuns(64, 2); f.add_range(1, 40); f.add([50, 51, 52, 53])\n"
+        "assert f.take(4) == [(50, 4)] and f.take_after(1, 5) == 4, f.runs()\n"
+        "assert f.take(34, 1) == [(6, 34)], f.runs()\n"
+        "bad = {'vllm', 'torch', 'numpy'} & {m.split('.')[0] for m in sys.modules}\n"
+        "print(sys.version_info[:2], f.runs(), f.validate(), sorted(bad))\n"
+    )
+    out = subprocess.run(
+        [exe, "-X", "dev", "-c", code, path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().endswith("[(1, 1), (40, 1)] True []"), out.stdout
+
+
+def test_free_runs_python_validate_finds_broken_invariants(py_engine):
+    def make():
+        f = py_engine.FreeRuns(32, 2)
+        f.add_range(1, 6)
+        f.add_range(10, 4)
+        f.add_range(20, 1)
+        assert f.validate()
+        return f
+
+    def touching(f):  # two runs that touch: not coalesced
+        f._len[1] = 9
+
+    def unsorted(f):
+        f._starts.reverse()
+
+    def stale_fit(f):
+        f._fit.pop()
+
+    def extra_fit(f):
+        f._fit.append(1 << 32 | 20)
+
+    def wrong_count(f):
+        f._free += 1
+
+    def empty_run(f):
+        f._len[20] = 0
+
+    def past_the_end(f):
+        f._starts.append(31)
+        f._len[31] = 2
+
+    for breaks in (
+        touching,
+        unsorted,
+        stale_fit,
+        extra_fit,
+        wrong_count,
+        empty_run,
+        past_the_end,
+    ):
+        f = make()
+        breaks(f)
+        assert not f.validate(), breaks.__name__
+
+
+def _gaps(runs, n):
+    """The (start, length) of the blocks that are not free, by address."""
+    out, prev = [], 0
+    for s, length in runs:
+        if s > prev:
+            out.append((prev, s - prev))
+        prev = s + length
+    if prev < n:
+        out.append((prev, n - prev))
+    return out
+
+
+def _id_forms(ids):
+    """The forms the binding reads ids in that can hold these values."""
+    lo, hi = (min(ids), max(ids)) if ids else (0, 0)
+    forms = [list, tuple, lambda v: iter(list(v))]
+    if lo >= 0 and hi < 2**32:
+        forms += [
+            lambda v: np.array(v, dtype=np.uint32),
+            lambda v: array.array("I", v),
+            lambda v: memoryview(array.array("I", v)),
+        ]
+    if lo >= -(2**31) and hi < 2**31:
+        forms += [lambda v: np.array(v, dtype=np.int32)]
+    if lo >= -(2**63) and hi < 2**63:
+        forms += [
+            lambda v: np.array(v, dtype=np.int64),
+            lambda v: np.repeat(np.array(v, dtype=np.int64), 2)[::2],  # strided
+            lambda v: array.array("q", v),
+            lambda v: [np.int64(x) for x in v],
+        ]
+    if lo >= 0 and hi < 2**64:
+        forms += [lambda v: np.array(v, dtype=np.uint64)]
+    return forms
+
+
+def _random_ids(rng, n, spans):
+    """Ids mostly from the spans (the runs or the gaps), sometimes wrong."""
+    ids = []
+    if spans:
+        s, length = rng.choice(spans)
+        a = rng.randrange(s, s + length)
+        k = rng.choice([1, 1, 2, 3, 8, length])
+        ids = list(range(a, min(a + k, s + length)))
+        if rng.random() < 0.1:
+            ids += [rng.randrange(s, s + length) for _ in range(2)]  # repeats
+        rng.shuffle(ids)
+    r = rng.random()
+    if r < 0.15:
+        ids.insert(rng.randrange(len(ids) + 1), rng.randrange(n))  # any block
+    elif r < 0.2:  # one or two out of range: the first given is named
+        bad = [n, n + 7, -1, 2**31, 2**32, 2**63, 2**64 - 1]
+        for _ in range(rng.randint(1, 2)):
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(bad))
+    elif r < 0.22:
+        ids.append(rng.choice(["1", 1.5, None]))
+        return lambda: list(ids)
+    form = rng.choice(_id_forms(ids))
+    return lambda: form(ids)
+
+
+def _random_call(rng, f):
+    """(method, args) for a random call on f, mostly one that succeeds."""
+    n, a = f.num_blocks, f.alignment
+    runs = f.runs()
+    gaps = _gaps(runs, n)
+    op = rng.choices(
+        ["add", "add_range", "remove", "remove_range", "take", "take_after"],
+        weights=[3, 3, 2, 1, 4, 3],
+    )[0]
+    if op in ("add", "remove"):
+        return op, [_random_ids(rng, n, gaps if op == "add" else runs)]
+    if op in ("add_range", "remove_range"):
+        spans = gaps if op == "add_range" else runs
+        if spans and rng.random() < 0.8:
+            s, length = rng.choice(spans)
+            start = rng.randrange(s, s + length)
+            return op, [start, rng.randint(1, s + length - start)]
+        return op, [rng.randint(-2, n + 1), rng.choice([-1, 0, 1, 3, n, 2**62])]
+    if op == "take":
+        r = rng.random()
+        if r < 0.8:
+            k = a * rng.choice([1, 1, 2, 3, 5, 8, 16, max(1, n // (4 * a))])
+        else:
+            k = rng.choice([0, -1, a + 1, n + a, 2**40, f.num_free])
+        if rng.random() < 0.5:
+            return op, [k]
+        return op, [k, rng.choice([1, 2, 3, 4, 256, 0, -1])]
+    # take_after: mostly the block right before a run (growth in place)
+    if runs and rng.random() < 0.7:
+        s, length = rng.choice(runs)
+        block = s - 1 if rng.random() < 0.8 else rng.randrange(s, s + length) - 1
+    else:
+        block = rng.randint(-3, n + 1)
+    return op, [block, rng.choice([0, 1, a, 3 * a, 2**63 - 1, -1, rng.randrange(n)])]
+
+
+def _outcome(f, method, args):
+    try:
+        return ("ok", getattr(f, method)(*args))
+    except (ValueError, MemoryError, TypeError) as e:
+        return (type(e).__name__, str(e))
+
+
+def _lockstep(py_engine, rng, n, a, steps):
+    c, p = T.FreeRuns(n, a), py_engine.FreeRuns(n, a)
+    if rng.random() < 0.5:
+        c.add_range(0, n)
+        p.add_range(0, n)
+    for step in range(steps):
+        method, args = _random_call(rng, c)
+        made = [x() if callable(x) else x for x in args]
+        made_again = [x() if callable(x) else x for x in args]
+        want = _outcome(c, method, made)
+        got = _outcome(p, method, made_again)
+        where = f"step {step}: {method}{tuple(made)} on FreeRuns({n}, {a})"
+        assert got == want, where
+        assert fr_state(p) == fr_state(c), where
+        assert repr(p) == repr(c), where
+        assert p.validate() and c.validate(), where
+        b = rng.randint(-1, n)
+        assert (b in p) == (b in c), where
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_free_runs_engines_agree_random(py_engine, seed):
+    # The same random calls, errors included, on the C++ and the Python
+    # engine: the same results or exceptions (type and message), the same
+    # runs after every call, and both valid.
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 7, 16, 64, 100, 257])
+    a = min(n, rng.choice([1, 1, 1, 2, 3, 4, 8]))
+    _lockstep(py_engine, rng, n, a, 400)
+
+
+@pytest.mark.parametrize("alignment", [1, 16])
+def test_free_runs_engines_agree_fragmented(py_engine, alignment):
+    # Many runs: the best-fit index and the multi-range fallback at scale.
+    rng = random.Random(alignment)
+    n = 100_000
+    c, p = T.FreeRuns(n, alignment), py_engine.FreeRuns(n, alignment)
+    for f in (c, p):
+        f.add_range(0, n)
+    holes = sorted(rng.sample(range(n), 3_000))
+    for f in (c, p):
+        f.remove(holes)
+    assert fr_state(p) == fr_state(c)
+    for k in itertools.islice(itertools.cycle([1, 3, 16, 64, 200, 1000]), 300):
+        k = -(-k // alignment) * alignment
+        want, got = _outcome(c, "take", [k, 4]), _outcome(p, "take", [k, 4])
+        assert got == want, k
+        if want[0] == "ok" and rng.random() < 0.5:
+            back = [b for s, length in want[1] for b in range(s, s + length)]
+            rng.shuffle(back)
+            c.add(back)
+            p.add(back)
+    assert fr_state(p) == fr_state(c)
+    assert p.validate() and c.validate()
 
 
 # ------------------------------------------------------------- KVAllocator
