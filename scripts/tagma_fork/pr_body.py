@@ -368,7 +368,7 @@ def gpu_section(layout: trees.Layout, warnings: list[str]) -> str:
     for key, m in metrics.items():
         kind, _, config = key.partition("|")
         base = metrics.get(f"paged|{config}")
-        if kind == "tagma_fused" and base and base.get("median"):
+        if kind in ("tagma", "tagma_fused") and base and base.get("median"):
             ratios[config] = m["median"] / base["median"]
     if ratios:
         one = [r for c, r in ratios.items() if "layout=contig" in c]

@@ -224,7 +224,7 @@ def write_results(root: Path, build: Path, started: float) -> None:
         "env": {"upstream": "9.0.0"},
         "metrics": {
             "paged|batch=64|layout=contig": {"median": 10.0},
-            "tagma_fused|batch=64|layout=contig": {"median": 4.0},
+            "tagma|batch=64|layout=contig": {"median": 4.0},
             "paged|batch=64|layout=frag8": {"median": 10.0},
             "tagma_fused|batch=64|layout=frag8": {"median": 5.0},
         },
