@@ -14,6 +14,10 @@ contiguous runs each running request's block ids form.
 Workloads: `decode` (short prompts, long outputs), `prefill` (long prompts,
 short outputs, steady arrivals), each with or without prefix hits (half the
 prompts share one of 8 system prompts). N = 64, 256, 1024.
+
+`--variants` adds ablation variants (ablation.py), plugged in through the
+KV-cache manager plug-in point; with k variants the order is v1..vk vk..v1,
+`--repeats` times.
 """
 
 from __future__ import annotations
@@ -34,12 +38,31 @@ from common import ROOT, env_info, metric, write_result  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault(
-    "VLLM_MODEL_REDIRECT_PATH",
-    str(ROOT / "build/results/conformance/model-redirect.json"),
-)
+if "VLLM_MODEL_REDIRECT_PATH" not in os.environ:
+    # Test model names -> the config-only folders, as the conformance run does.
+    _models = ROOT / "tests/conformance/models"
+    _redirect = ROOT / "build/results/bench-model-redirect.json"
+    _redirect.parent.mkdir(parents=True, exist_ok=True)
+    _redirect.write_text(
+        json.dumps(
+            {
+                d.name.replace("--", "/"): str(d)
+                for d in _models.iterdir()
+                if (d / "config.json").exists()
+            }
+        )
+    )
+    os.environ["VLLM_MODEL_REDIRECT_PATH"] = str(_redirect)
 
 BLOCK_SIZE = 16
+# Variant -> (--kv-cache-backend, kv_cache_manager_cls). Ablations run under
+# "paged" so that tagma's config does not name its own manager.
+VARIANTS = {
+    "paged": ("paged", None),
+    "tagma": ("tagma", None),
+    "paged-fastpath": ("paged", "ablation.FastPathOnlyKVCacheManager"),
+    "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
+}
 KV_METHODS = (
     "allocate_slots",
     "free",
@@ -52,7 +75,7 @@ KV_METHODS = (
 
 
 def make_scheduler(
-    backend: str,
+    variant: str,
     max_num_seqs: int,
     num_blocks: int,
     max_len: int,
@@ -80,8 +103,12 @@ def make_scheduler(
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
     )
+    backend, manager_cls = VARIANTS[variant]
     cache = CacheConfig(
-        block_size=BLOCK_SIZE, enable_prefix_caching=True, kv_cache_backend=backend
+        block_size=BLOCK_SIZE,
+        enable_prefix_caching=True,
+        kv_cache_backend=backend,
+        kv_cache_manager_cls=manager_cls,
     )
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=sched, cache_config=cache
@@ -266,6 +293,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="ABBA blocks")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
+        "--variants",
+        default="paged,tagma",
+        help=f"comma-separated, paged first; of {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
         "--replot", action="store_true", help="redraw from --out's JSON"
     )
     args = parser.parse_args()
@@ -280,6 +312,10 @@ def main() -> int:
         return 0
     if args.quick:
         args.n, args.steps, args.warmup, args.repeats = [64], 30, 10, 1
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or variants[0] != "paged":
+        parser.error(f"--variants: paged first, then of {list(VARIANTS)}")
     out = Path(args.out)
     rows = []
     combos = [
@@ -289,13 +325,18 @@ def main() -> int:
         key = f"n={n}-workload={workload}-prefix={'on' if prefix else 'off'}"
         print(f"[{i + 1}/{len(combos)}] {key}", flush=True)
         data: dict[str, dict[str, list]] = {
-            b: {"step": [], "kv": [], "runs": [], "kv_share": []}
-            for b in ("paged", "tagma")
+            b: {"step": [], "kv": [], "runs": [], "kv_share": []} for b in variants
         }
-        order = ["paged", "tagma", "tagma", "paged"] * args.repeats
+        order = (variants + variants[::-1]) * args.repeats
         for rep, backend in enumerate(order):
             r = run_one(
-                backend, n, workload, prefix, args.steps, args.warmup, seed=rep // 4
+                backend,
+                n,
+                workload,
+                prefix,
+                args.steps,
+                args.warmup,
+                seed=rep // (2 * len(variants)),
             )
             d = data[backend]
             d["step"].append(statistics.median(r["step_us"]))
@@ -304,7 +345,7 @@ def main() -> int:
             d["runs"].extend(r["runs"])
             mean_runs = statistics.fmean(r["runs"] or [0])
             print(
-                f"    {backend:5s} step {d['step'][-1]:9.1f} us"
+                f"    {backend:16s} step {d['step'][-1]:9.1f} us"
                 f"  kv {d['kv'][-1]:8.1f} us  runs/req mean {mean_runs:.2f}",
                 flush=True,
             )
@@ -347,6 +388,10 @@ def main() -> int:
     return 0
 
 
+def _variants(metrics: dict) -> list[str]:
+    return list(dict.fromkeys(k.split("/")[0] for k in metrics))
+
+
 def _case_order(path: Path) -> tuple:
     params = json.loads(path.read_text())["params"]
     return (params["n"], params["workload"], params["prefix"])
@@ -354,29 +399,28 @@ def _case_order(path: Path) -> tuple:
 
 def print_table(rows) -> None:
     print(
-        "\n| case | paged step us | tagma step us | step ratio | paged KV us | "
-        "tagma KV us | KV ratio | runs/req paged | runs/req tagma (mean/max) |"
+        "\n| case | variant | step us (p10-p90) | step / paged | KV us | "
+        "KV / paged | runs/req (mean/max) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for key, m in rows:
-        ps, ts = m["paged/step_time"], m["tagma/step_time"]
-        pk, tk = m["paged/kv_manager_time"], m["tagma/kv_manager_time"]
-        pr, tr = m["paged/runs_per_request"], m["tagma/runs_per_request"]
-        p_runs = statistics.fmean(pr["samples"] or [0])
-        t_runs = statistics.fmean(tr["samples"] or [0])
-        t_max = max(tr["samples"] or [0])
-        cells = [
-            key,
-            f"{ps['median']:.0f} ({ps['p10']:.0f}-{ps['p90']:.0f})",
-            f"{ts['median']:.0f} ({ts['p10']:.0f}-{ts['p90']:.0f})",
-            f"{ts['median'] / ps['median']:.2f}",
-            f"{pk['median']:.0f}",
-            f"{tk['median']:.0f}",
-            f"{tk['median'] / pk['median']:.2f}",
-            f"{p_runs:.1f}",
-            f"{t_runs:.2f}/{t_max:.0f}",
-        ]
-        print("| " + " | ".join(cells) + " |")
+        ps, pk = m["paged/step_time"], m["paged/kv_manager_time"]
+        for v in _variants(m):
+            st, kv, runs = (
+                m[f"{v}/step_time"],
+                m[f"{v}/kv_manager_time"],
+                m[f"{v}/runs_per_request"]["samples"] or [0],
+            )
+            cells = [
+                key,
+                v,
+                f"{st['median']:.0f} ({st['p10']:.0f}-{st['p90']:.0f})",
+                f"{st['median'] / ps['median']:.2f}",
+                f"{kv['median']:.0f}",
+                f"{kv['median'] / pk['median']:.2f}",
+                f"{statistics.fmean(runs):.2f}/{max(runs):.0f}",
+            ]
+            print("| " + " | ".join(cells) + " |")
 
 
 def plot(out: Path, rows) -> None:
@@ -397,11 +441,14 @@ def plot(out: Path, rows) -> None:
         (axes[0], "step_time", "scheduler step"),
         (axes[1], "kv_manager_time", "KV manager within the step"),
     ):
-        for off, b in ((-0.2, "paged"), (0.2, "tagma")):
+        variants = _variants(rows[0][1])
+        width = 0.8 / len(variants)
+        for j, b in enumerate(variants):
+            off = (j - (len(variants) - 1) / 2) * width
             med = [m[f"{b}/{name}"]["median"] for _, m in rows]
             lo = [med[i] - m[f"{b}/{name}"]["p10"] for i, (_, m) in enumerate(rows)]
             hi = [m[f"{b}/{name}"]["p90"] - med[i] for i, (_, m) in enumerate(rows)]
-            ax.bar([i + off for i in x], med, 0.4, yerr=[lo, hi], capsize=3, label=b)
+            ax.bar([i + off for i in x], med, width, yerr=[lo, hi], capsize=3, label=b)
         ax.set_xticks(list(x), labels, fontsize=7, rotation=45, ha="right")
         ax.set_ylabel("us per step (median, p10-p90 over runs)")
         ax.set_yscale("log")
