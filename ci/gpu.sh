@@ -30,10 +30,8 @@ for step in $steps; do
       # Test model names resolve to the config-only folders, as in CI. The
       # plug-in point's scheduler test needs upstream's tests/v1/core/utils.py,
       # which the bundle does not carry; it has no CUDA part (CI runs it).
-      redirect=$OUT/model-redirect.json
-      python3 -c "import json, pathlib, sys; d = pathlib.Path('tests/conformance/models');
-json.dump({p.name.replace('--', '/'): str(p.resolve()) for p in d.iterdir()
-           if (p / 'config.json').exists()}, open(sys.argv[1], 'w'))" "$redirect"
+      redirect=$(python3 -c "import pathlib, sys; sys.path.insert(0, 'tests/conformance')
+from run import redirect_file; print(redirect_file(pathlib.Path(sys.argv[1])))" "$OUT")
       (cd "$dest/site" && VLLM_MODEL_REDIRECT_PATH=$redirect \
         python3 -m pytest -q -p no:cacheprovider -rs \
         --junitxml="$OUT/gpu-tests.xml" tests \

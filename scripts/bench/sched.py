@@ -40,19 +40,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 if "VLLM_MODEL_REDIRECT_PATH" not in os.environ:
     # Test model names -> the config-only folders, as the conformance run does.
-    _models = ROOT / "tests/conformance/models"
-    _redirect = ROOT / "build/results/bench-model-redirect.json"
-    _redirect.parent.mkdir(parents=True, exist_ok=True)
-    _redirect.write_text(
-        json.dumps(
-            {
-                d.name.replace("--", "/"): str(d)
-                for d in _models.iterdir()
-                if (d / "config.json").exists()
-            }
-        )
-    )
-    os.environ["VLLM_MODEL_REDIRECT_PATH"] = str(_redirect)
+    sys.path.insert(0, str(ROOT / "tests/conformance"))
+    from run import redirect_file  # noqa: E402
+
+    _out = ROOT / "build/results/bench_sched"
+    _out.mkdir(parents=True, exist_ok=True)
+    os.environ["VLLM_MODEL_REDIRECT_PATH"] = str(redirect_file(_out))
 
 BLOCK_SIZE = 16
 # Variant -> (--kv-cache-backend, kv_cache_manager_cls). Ablations run under

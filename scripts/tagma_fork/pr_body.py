@@ -276,15 +276,21 @@ def _version(text: str | None) -> Version | None:
         return None
 
 
-def _pick(found: dict[str, Any], pin: str) -> tuple[str, str] | None:
-    """The pin's entry if it has one, else the newest release's; and a label."""
+def _pick(
+    found: dict[str, Any], pin: str, what: str, warnings: list[str]
+) -> tuple[str, str] | None:
+    """The pin's entry if it has one, else the newest release's; and a label.
+    A warning names `what` when there is none or it is another release's."""
     if pin in found:
         return pin, f"vLLM {pin}"
     ordered = sorted(found, key=lambda v: _version(v) or Version("0"))
     if not ordered:
+        warnings.append(f"no committed {what}")
         return None
     other = ordered[-1]
-    return other, f"vLLM {other}, not this PR's base {pin}: none is committed for {pin}"
+    label = f"vLLM {other}, not this PR's base {pin}: none is committed for {pin}"
+    warnings.append(f"{what} are of {label}")
+    return other, label
 
 
 def _json(path: Path) -> Any:
@@ -315,13 +321,10 @@ def _ratio_span(values: list[float]) -> str:
 
 def gpu_section(layout: trees.Layout, warnings: list[str]) -> str:
     found = gpu_dirs(layout.root)
-    chosen = _pick(found, layout.version)
+    chosen = _pick(found, layout.version, "GPU pipeline results", warnings)
     if chosen is None:
-        warnings.append("no committed GPU pipeline results (results/*/write_path.json)")
         return "**GPU pipeline** (`ci/gpu.sh`): no committed results in this checkout."
     version, label = chosen
-    if version != layout.version:
-        warnings.append(f"GPU pipeline results are of {label}")
     folder = found[version]
     rel = folder.relative_to(layout.root)
     lines = [f"**GPU pipeline** (`ci/gpu.sh`, {label}; `{rel}/`):"]
@@ -338,11 +341,10 @@ def gpu_section(layout: trees.Layout, warnings: list[str]) -> str:
     else:
         lines.append("- CUDA tests: no `gpu-tests.xml` committed.")
     have_smoke = False
-    # smoke_e2e.py: smoke-<phase>-<backend>.json (older runs: smoke-<backend>).
-    for phase, prefix in (("plain", "smoke-"), ("plain", "smoke-plain-"),
-                          ("preempt", "smoke-preempt-")):  # fmt: skip
-        paged = _json(folder / f"{prefix}paged.json")
-        tagma = _json(folder / f"{prefix}tagma.json")
+    # smoke_e2e.py writes smoke-<phase>-<backend>.json.
+    for phase in ("plain", "preempt"):
+        paged = _json(folder / f"smoke-{phase}-paged.json")
+        tagma = _json(folder / f"smoke-{phase}-tagma.json")
         if not (isinstance(paged, dict) and isinstance(tagma, dict)):
             continue
         have_smoke = True
@@ -414,13 +416,10 @@ def serve_section(layout: trees.Layout, warnings: list[str]) -> str:
         version, _ = serve_runs(summary.parent)
         if version and _version(version):
             by_version.setdefault(version, []).append(summary)
-    chosen = _pick(by_version, layout.version)
+    chosen = _pick(by_version, layout.version, "serve benchmark results", warnings)
     if chosen is None:
-        warnings.append("no committed serve benchmark (results/**/summary.json)")
         return "**Serving** (`make bench-gpu`): no committed results in this checkout."
     version, label = chosen
-    if version != layout.version:
-        warnings.append(f"serve benchmark results are of {label}")
     header = " | ".join(name for _, name in SERVE_COLUMNS)
     lines = [
         (

@@ -213,8 +213,8 @@ def write_results(root: Path, build: Path, started: float) -> None:
         "</testsuites>"
     )
     smoke = {"first": [[1, 2], [3]], "second": [[1, 2], [3]]}
-    (gpu / "smoke-paged.json").write_text(json.dumps(smoke))
-    (gpu / "smoke-tagma.json").write_text(json.dumps(smoke))
+    (gpu / "smoke-plain-paged.json").write_text(json.dumps(smoke))
+    (gpu / "smoke-plain-tagma.json").write_text(json.dumps(smoke))
     preempt = {**smoke, "preemptions": 3}
     (gpu / "smoke-preempt-paged.json").write_text(json.dumps(preempt))
     (gpu / "smoke-preempt-tagma.json").write_text(
