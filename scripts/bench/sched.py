@@ -53,7 +53,7 @@ BLOCK_SIZE = 16
 VARIANTS = {
     "paged": ("paged", None),
     "tagma": ("tagma", None),
-    "paged-fastpath": ("paged", "ablation.FastPathOnlyKVCacheManager"),
+    "paged-stock": ("paged", "ablation.StockKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
 }
 KV_METHODS = (

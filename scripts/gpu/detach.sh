@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run `make bench-gpu` detached, for hosts whose remote commands have a time
-# limit shorter than the benchmark (the whole set takes 30+ minutes).
+# Run `make bench-gpu` (or DETACH_TARGET=bench-offline) detached, for hosts
+# whose remote commands have a time limit shorter than the benchmark (the
+# whole set takes 30+ minutes).
 #
 #   bash scripts/gpu/detach.sh start [BENCH_GPU_ARGS...]   # returns at once
 #   bash scripts/gpu/detach.sh poll SECONDS TARBALL         # wait, then pack
@@ -16,6 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=${DETACH_DIR:-/tmp/tagma-bench-run}
+target=${DETACH_TARGET:-bench-gpu}
 
 case ${1:-} in
   start)
@@ -23,8 +25,9 @@ case ${1:-} in
     rm -rf "$dir" && mkdir -p "$dir/results"
     # The exit code lands in $dir/rc when make returns (a pid alone cannot
     # tell a finished run from a zombie nobody reaps).
-    PYTHONUNBUFFERED=1 BENCH_GPU_OUT="$dir/results" BENCH_GPU_ARGS="$*" DIR="$dir" \
-      setsid nohup bash -c 'make bench-gpu BENCH_GPU_OUT="$BENCH_GPU_OUT" \
+    PYTHONUNBUFFERED=1 OUT_DIR="$dir/results" BENCH_GPU_ARGS="$*" DIR="$dir" \
+      TARGET="$target" setsid nohup bash -c 'make "$TARGET" \
+        BENCH_GPU_OUT="$OUT_DIR" BENCH_OFFLINE_OUT="$OUT_DIR" \
         BENCH_GPU_ARGS="$BENCH_GPU_ARGS"; echo $? >"$DIR/rc"' \
       >"$dir/bench.log" 2>&1 </dev/null &
     echo "started, log $dir/bench.log"

@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
+"""Offline engine throughput on the GPU host: KV-manager variants side by side.
+
+    python3 scripts/gpu/offline.py --bundle build/bundle --out DIR \
+        [--variants paged-stock,paged,tagma] [--repeats 2]
+
+Runs `vllm bench throughput` (no API server, so the engine's host thread is
+what is measured) on the host-bound workload: Llama-3.2-1B shape with dummy
+weights, random 128 tokens in / 256 out, 3,072 prompts, `--max-num-seqs
+1024`. The variants run in mirrored order (v1..vk vk..v1, `--repeats` times),
+one engine per run, one compile cache shared by all runs. Variants:
+
+- `paged`: `--kv-cache-backend paged` (the series' paged, with the
+  held-slots answer in `allocate_slots`);
+- `paged-stock`: paged with `--kv-cache-manager-cls
+  ablation.StockKVCacheManager`, vLLM's `allocate_slots` as released;
+- `tagma`: `--kv-cache-backend tagma`.
+
+Writes `<variant>-<i>.json` (the bench's own output), `summary.json`
+(tokens/s per run, medians and ratios to the first variant with their
+pairwise range) and `offline.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bundle as bundle_mod  # noqa: E402
+
+VARIANTS = {
+    "paged": ["--kv-cache-backend", "paged"],
+    "paged-stock": [
+        "--kv-cache-backend",
+        "paged",
+        "--kv-cache-manager-cls",
+        "ablation.StockKVCacheManager",
+    ],
+    "tagma": ["--kv-cache-backend", "tagma"],
+}
+WORKLOAD = [
+    "--dataset-name",
+    "random",
+    "--random-input-len",
+    "128",
+    "--random-output-len",
+    "256",
+    "--random-range-ratio",
+    "0",
+    "--num-prompts",
+    "3072",
+    "--max-num-seqs",
+    "1024",
+    "--max-model-len",
+    "4096",
+    "--load-format",
+    "dummy",
+    "--seed",
+    "0",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[offline {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def order(variants: list[str], repeats: int) -> list[str]:
+    return (variants + variants[::-1]) * repeats
+
+
+def summarize(runs: list[dict], variants: list[str]) -> dict:
+    """Medians per variant; ratios to variants[0] per mirrored pair."""
+    by: dict[str, list[float]] = {v: [] for v in variants}
+    for r in runs:
+        by[r["variant"]].append(r["output_tok_s"])
+    base = variants[0]
+    out: dict = {"runs": runs, "variants": {}}
+    for v in variants:
+        pairs = [a / b for a, b in zip(by[v], by[base], strict=True) if b]
+        out["variants"][v] = {
+            "output_tok_s": by[v],
+            "median": statistics.median(by[v]) if by[v] else None,
+            f"ratio_to_{base}": statistics.median(pairs) if pairs else None,
+            "pair_range": [min(pairs), max(pairs)] if pairs else None,
+        }
+    return out
+
+
+def plot(summary: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("no matplotlib here: plot later with --plot-only")
+        return
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    names = list(summary["variants"])
+    for i, v in enumerate(names):
+        vals = summary["variants"][v]["output_tok_s"]
+        ax.scatter([i] * len(vals), [x / 1e3 for x in vals], color="C0")
+        med = summary["variants"][v]["median"]
+        if med:
+            ax.hlines(med / 1e3, i - 0.25, i + 0.25, color="C1")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("output K tok/s")
+    ax.set_title("vllm bench throughput, 1B shape, 128/256, 3,072 prompts")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", default="build/bundle")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--dest", default="/tmp/tagma-bench")
+    parser.add_argument("--variants", default="paged-stock,paged,tagma")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--model", default="llama-3.2-1b")
+    parser.add_argument(
+        "--plot-only", action="store_true", help="redraw OUT's plot from its summary"
+    )
+    args = parser.parse_args()
+    if args.plot_only:
+        out = Path(args.out)
+        plot(json.loads((out / "summary.json").read_text()), out / "offline.png")
+        return 0
+
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or args.repeats < 1:
+        parser.error(f"--variants of {list(VARIANTS)}, --repeats >= 1")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = bundle_mod.install(Path(args.bundle), Path(args.dest))
+    model = paths["data"] / "models" / args.model
+    env = {
+        **os.environ,
+        # ablation.py (the stock manager) sits beside the benchmarks.
+        "PYTHONPATH": f"{HERE.parent / 'bench'}:{paths['site']}",
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "VLLM_CACHE_ROOT": str(Path(args.dest) / "vllm-cache" / "offline"),
+    }
+    runs: list[dict] = []
+    seen: dict[str, int] = {}
+    plan = order(variants, args.repeats)
+    for n, variant in enumerate(plan, 1):
+        i = seen[variant] = seen.get(variant, 0) + 1
+        result = out / f"{variant}-{i}.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "bench",
+            "throughput",
+            "--model",
+            str(model),
+            *WORKLOAD,
+            *VARIANTS[variant],
+            "--output-json",
+            str(result),
+        ]
+        log(f"run {n}/{len(plan)}: {variant} #{i}")
+        t0 = time.monotonic()
+        with open(out / f"{variant}-{i}.log", "w") as f:
+            rc = subprocess.run(
+                cmd, env=env, stdout=f, stderr=subprocess.STDOUT
+            ).returncode
+        if rc != 0 or not result.exists():
+            tail = (out / f"{variant}-{i}.log").read_text().splitlines()[-25:]
+            print("\n".join(tail), file=sys.stderr)
+            log(f"{variant} #{i} failed (exit code {rc})")
+            return 1
+        data = json.loads(result.read_text())
+        text = (out / f"{variant}-{i}.log").read_text()
+        # The bench prints output tokens/s (counted from the outputs) but
+        # writes only total tokens/s to its JSON.
+        m = re.search(r"([\d.]+) output tokens/s", text)
+        if m is None:
+            log(f"{variant} #{i}: no 'output tokens/s' in its log")
+            return 1
+        tok_s = float(m.group(1))
+        runs.append(
+            {
+                "variant": variant,
+                "run": i,
+                "output_tok_s": tok_s,
+                "elapsed_s": data["elapsed_time"],
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+        )
+        log(f"{variant} #{i}: {tok_s:,.0f} output tok/s ({runs[-1]['wall_s']} s)")
+    summary = summarize(runs, variants)
+    summary["command"] = " ".join(sys.argv)
+    summary["workload"] = WORKLOAD
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, out / "offline.png")
+    for v, s in summary["variants"].items():
+        log(
+            f"{v}: median {s['median']:,.0f} output tok/s, "
+            f"x{s[f'ratio_to_{variants[0]}']:.3f} (pairs {s['pair_range']})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
