@@ -7,9 +7,10 @@
 
 Runs `vllm bench throughput` (no API server, so the engine's host thread is
 what is measured) on the host-bound workload: Llama-3.2-1B shape with dummy
-weights, random 128 tokens in / 256 out, 3,072 prompts, `--max-num-seqs
-1024`. The variants run in mirrored order (v1..vk vk..v1, `--repeats` times),
-one engine per run, one compile cache shared by all runs. Variants:
+weights, random 128 tokens in / 256 out, 3,072 prompts (`--num-prompts`),
+`--max-num-seqs 1024`. The variants run in mirrored order (v1..vk vk..v1,
+`--repeats` times), one engine per run, one compile cache shared by all
+runs. Variants:
 
 - `paged`: `--kv-cache-backend paged` (the series' paged, with the
   held-slots answer in `allocate_slots`);
@@ -58,8 +59,6 @@ WORKLOAD = [
     "256",
     "--random-range-ratio",
     "0",
-    "--num-prompts",
-    "3072",
     "--max-num-seqs",
     "1024",
     "--max-model-len",
@@ -132,6 +131,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--model", default="llama-3.2-1b")
     parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=3072,
+        help="more prompts make longer runs: 3,072 take ~25 s on an H200",
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="one run of the first variant first, left out of the summary",
+    )
+    parser.add_argument(
         "--plot-only", action="store_true", help="redraw OUT's plot from its summary"
     )
     args = parser.parse_args()
@@ -162,9 +172,12 @@ def main() -> int:
     runs: list[dict] = []
     seen: dict[str, int] = {}
     plan = order(variants, args.repeats)
-    for n, variant in enumerate(plan, 1):
-        i = seen[variant] = seen.get(variant, 0) + 1
-        result = out / f"{variant}-{i}.json"
+    if args.warmup:
+        plan.insert(0, f"{variants[0]}-warmup")
+    for n, name in enumerate(plan, 1):
+        variant = name.removesuffix("-warmup")
+        i = seen[name] = seen.get(name, 0) + 1
+        result = out / f"{name}-{i}.json"
         cmd = [
             sys.executable,
             "-m",
@@ -174,30 +187,35 @@ def main() -> int:
             "--model",
             str(model),
             *WORKLOAD,
+            "--num-prompts",
+            str(args.num_prompts),
             *VARIANTS[variant],
             "--output-json",
             str(result),
         ]
-        log(f"run {n}/{len(plan)}: {variant} #{i}")
+        log(f"run {n}/{len(plan)}: {name} #{i}")
         t0 = time.monotonic()
-        with open(out / f"{variant}-{i}.log", "w") as f:
+        with open(out / f"{name}-{i}.log", "w") as f:
             rc = subprocess.run(
                 cmd, env=env, stdout=f, stderr=subprocess.STDOUT
             ).returncode
         if rc != 0 or not result.exists():
-            tail = (out / f"{variant}-{i}.log").read_text().splitlines()[-25:]
+            tail = (out / f"{name}-{i}.log").read_text().splitlines()[-25:]
             print("\n".join(tail), file=sys.stderr)
-            log(f"{variant} #{i} failed (exit code {rc})")
+            log(f"{name} #{i} failed (exit code {rc})")
             return 1
         data = json.loads(result.read_text())
-        text = (out / f"{variant}-{i}.log").read_text()
+        text = (out / f"{name}-{i}.log").read_text()
         # The bench prints output tokens/s (counted from the outputs) but
         # writes only total tokens/s to its JSON.
         m = re.search(r"([\d.]+) output tokens/s", text)
         if m is None:
-            log(f"{variant} #{i}: no 'output tokens/s' in its log")
+            log(f"{name} #{i}: no 'output tokens/s' in its log")
             return 1
         tok_s = float(m.group(1))
+        log(f"{name} #{i}: {tok_s:,.0f} output tok/s")
+        if name != variant:
+            continue
         runs.append(
             {
                 "variant": variant,
@@ -207,10 +225,9 @@ def main() -> int:
                 "wall_s": round(time.monotonic() - t0, 1),
             }
         )
-        log(f"{variant} #{i}: {tok_s:,.0f} output tok/s ({runs[-1]['wall_s']} s)")
     summary = summarize(runs, variants)
     summary["command"] = " ".join(sys.argv)
-    summary["workload"] = WORKLOAD
+    summary["workload"] = [*WORKLOAD, "--num-prompts", str(args.num_prompts)]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, out / "offline.png")
     for v, s in summary["variants"].items():

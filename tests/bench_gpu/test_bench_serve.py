@@ -10,10 +10,8 @@ the correctness gate, server-death detection, profile parsing, the report.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,48 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "scripts/gpu"
 sys.path.insert(0, str(GPU))
 
-import bundle  # noqa: E402
 import profile_trace  # noqa: E402
-
-
-def _sha(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def fake_bundle(tmp_path: Path) -> Path:
-    b = tmp_path / "bundle"
-    b.mkdir()
-    runtime = tmp_path / "runtime"
-    shutil.copytree(Path(__file__).parent / "fake", runtime)
-    data = tmp_path / "data"
-    for m in ("llama-3.1-8b", "llama-3.2-1b"):
-        (data / "models" / m).mkdir(parents=True)
-        (data / "models" / m / "config.json").write_text("{}")
-    (data / "sharegpt.json").write_text("[]")
-    fork = tmp_path / "fork"
-    (fork / "vllm").mkdir(parents=True)
-    (fork / "TAGMA_STACK").write_text("vllm 0.25.1\nproject abc123\n")
-    for name, src in [
-        ("vllm-runtime-0.25.1-sm90-cp312.tar.xz", runtime),
-        ("bench-data.tar.xz", data),
-        ("tagma-fork.tar.xz", fork),
-    ]:
-        bundle.pack(src, b / name)
-    (b / "SHA256SUMS").write_text(
-        "".join(f"{_sha(p)}  {p.name}\n" for p in sorted(b.glob("*.tar.xz")))
-    )
-    return b
-
-
-@pytest.fixture
-def gpu_path(tmp_path: Path) -> str:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771 MiB'\n")
-    smi.chmod(0o755)
-    return f"{bin_dir}:{os.environ['PATH']}"
 
 
 def _bench(

@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
-"""A stand-in for `python -m vllm.entrypoints.cli.main serve|bench serve`.
+"""A stand-in for `python -m vllm.entrypoints.cli.main serve|bench serve|bench
+throughput`.
 
 It speaks just enough of the server's HTTP surface (/health, /metrics,
 /v1/completions with token ids, /start_profile, /stop_profile) and writes a
 bench serve result file, so the benchmark harness runs on a machine without
 a GPU. FAKE_VLLM_DIE_AFTER=N makes the server exit after N completions;
-FAKE_VLLM_TAGMA_DIFFERS=1 makes tagma's greedy ids differ.
+FAKE_VLLM_TAGMA_DIFFERS=1 makes tagma's greedy ids differ. `bench throughput`
+prints and writes what the real one does, at 1,000 output tokens/s per
+backend argument's length (so variants differ) or fails with
+FAKE_VLLM_THROUGHPUT_FAIL=1.
 """
 
 import argparse
@@ -170,10 +174,34 @@ def bench(argv):
     print("Benchmark done", flush=True)
 
 
+def throughput(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--output-json", required=True)
+    p.add_argument("--num-prompts", type=int, required=True)
+    p.add_argument("--kv-cache-backend", default="paged")
+    p.add_argument("--kv-cache-manager-cls", default="")
+    args, _ = p.parse_known_args(argv)
+    if os.environ.get("FAKE_VLLM_THROUGHPUT_FAIL"):
+        sys.exit("fake vllm: engine failed to start")
+    # paged 1,000, tagma 2,000, a plugged-in manager 3,000 output tok/s.
+    tok_s = 1000.0 * (1 + (args.kv_cache_backend == "tagma"))
+    tok_s += 2000.0 * bool(args.kv_cache_manager_cls)
+    elapsed = args.num_prompts * 256 / tok_s
+    print(
+        f"Throughput: {args.num_prompts / elapsed:.2f} requests/s, "
+        f"{3 * tok_s:.2f} total tokens/s, {tok_s:.2f} output tokens/s"
+    )
+    Path(args.output_json).write_text(
+        json.dumps({"elapsed_time": elapsed, "num_requests": args.num_prompts})
+    )
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2:])
     elif sys.argv[1:3] == ["bench", "serve"]:
         bench(sys.argv[3:])
+    elif sys.argv[1:3] == ["bench", "throughput"]:
+        throughput(sys.argv[3:])
     else:
         sys.exit(f"fake vllm: unsupported {sys.argv[1:]}")
