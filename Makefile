@@ -102,7 +102,7 @@ rebase-continue: $(TOOLS) ## continue a rebase stopped at a conflict
 rebase-abort: $(TOOLS) ## give up a rebase; patches/ stays (and is checked to be) as it was
 	$(FORK) rebase --abort
 
-pr-branch: $(TOOLS) ## PR branches tagma/pr/<v>/plugin (first patch) and /full (engine + every patch) in build/vllm-<v>/pr, on the newest pin (VLLM_VERSION=<v> picks one); author and sign-off: your git identity; TAGMA_AI_COAUTHOR=<tool> (default Claude); PR_plugin.md, PR_full.md; DRY_RUN=1 plans only
+pr-branch: $(TOOLS) ## PR branches tagma/pr/<v>/plugin (first patch), /<name> (each patch with a Standalone-PR: <name> trailer) and /full (engine + every patch) in build/vllm-<v>/pr, on the newest pin (VLLM_VERSION=<v> picks one); author and sign-off: your git identity; TAGMA_AI_COAUTHOR=<tool> (default Claude); PR_<variant>.md; DRY_RUN=1 plans only
 	PYTHONPATH=scripts $(PY) -m tagma_fork $(if $(filter command line environment,$(origin VLLM_VERSION)),--pin $(VLLM_VERSION)) \
 	  pr-branch $(if $(DRY_RUN),--dry-run)
 

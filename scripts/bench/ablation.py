@@ -10,9 +10,16 @@ no switch for them:
   the series' held-slots answer in `allocate_slots` (the decode step that
   needs no new block), i.e. paged before that patch.
 - `NoHeadroomKVCacheManager`: tagma without growth headroom.
+- `LruEvictionKVCacheManager`: tagma evicting as upstream's pool does: each
+  allocation of n blocks first drops the hashes of the cached blocks among
+  the first n of the free queue (the blocks upstream would have popped),
+  instead of using clean blocks first and evicting only when no clean run
+  fits.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -36,3 +43,23 @@ class NoHeadroomBlockPool(TagmaBlockPool):
 
 class NoHeadroomKVCacheManager(TagmaKVCacheManager):
     block_pool_cls = NoHeadroomBlockPool
+
+
+class LruEvictionBlockPool(TagmaBlockPool):
+    def get_new_blocks_after(
+        self, last_block: KVCacheBlock | None, num_blocks: int
+    ) -> list[KVCacheBlock]:
+        if self.enable_caching and num_blocks <= self.get_num_free_blocks():
+            front = self.free_block_queue.iter_blocks_after(None)
+            victims = {
+                b.block_id
+                for b in itertools.islice(front, num_blocks)
+                if b.block_hash is not None
+            }
+            if victims:
+                self.evict_blocks(victims)
+        return super().get_new_blocks_after(last_block, num_blocks)
+
+
+class LruEvictionKVCacheManager(TagmaKVCacheManager):
+    block_pool_cls = LruEvictionBlockPool

@@ -55,6 +55,7 @@ VARIANTS = {
     "tagma": ("tagma", None),
     "paged-stock": ("paged", "ablation.StockKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
+    "tagma-lru": ("paged", "ablation.LruEvictionKVCacheManager"),
 }
 KV_METHODS = (
     "allocate_slots",
@@ -249,6 +250,8 @@ def run_one(
     for _ in range(n):
         scheduler.add_request(make())
     step_ns, kv_ns, runs = [], [], []
+    # Prompt tokens admitted in timed steps, and how many came from the cache.
+    admitted = hit = 0
     gc.collect()
     gc.disable()
     try:
@@ -265,6 +268,9 @@ def run_one(
             if step >= warmup:
                 step_ns.append(dt)
                 kv_ns.append(timer.take_ns())
+                for req in out.scheduled_new_reqs:
+                    admitted += len(req.prompt_token_ids or ())
+                    hit += req.num_computed_tokens
                 if step % 25 == 0:
                     runs.extend(runs_per_request(scheduler))
     finally:
@@ -273,6 +279,7 @@ def run_one(
         "step_us": [x / 1e3 for x in step_ns],
         "kv_us": [x / 1e3 for x in kv_ns],
         "runs": runs,
+        "hit_rate": hit / admitted if admitted else 0.0,
         "usage": scheduler.kv_cache_manager.usage,
     }
 
@@ -318,7 +325,8 @@ def main() -> int:
         key = f"n={n}-workload={workload}-prefix={'on' if prefix else 'off'}"
         print(f"[{i + 1}/{len(combos)}] {key}", flush=True)
         data: dict[str, dict[str, list]] = {
-            b: {"step": [], "kv": [], "runs": [], "kv_share": []} for b in variants
+            b: {"step": [], "kv": [], "runs": [], "kv_share": [], "hits": []}
+            for b in variants
         }
         order = (variants + variants[::-1]) * args.repeats
         for rep, backend in enumerate(order):
@@ -336,10 +344,12 @@ def main() -> int:
             d["kv"].append(statistics.median(r["kv_us"]))
             d["kv_share"].append(sum(r["kv_us"]) / sum(r["step_us"]))
             d["runs"].extend(r["runs"])
+            d["hits"].append(r["hit_rate"])
             mean_runs = statistics.fmean(r["runs"] or [0])
             print(
                 f"    {backend:16s} step {d['step'][-1]:9.1f} us"
-                f"  kv {d['kv'][-1]:8.1f} us  runs/req mean {mean_runs:.2f}",
+                f"  kv {d['kv'][-1]:8.1f} us  runs/req mean {mean_runs:.2f}"
+                f"  prefix hits {d['hits'][-1]:.1%}",
                 flush=True,
             )
         metrics = {}
@@ -347,6 +357,7 @@ def main() -> int:
             metrics[f"{b}/step_time"] = metric(d["step"], "us/step")
             metrics[f"{b}/kv_manager_time"] = metric(d["kv"], "us/step")
             metrics[f"{b}/kv_manager_share"] = metric(d["kv_share"], "fraction")
+            metrics[f"{b}/prefix_hit_rate"] = metric(d["hits"], "fraction")
             metrics[f"{b}/runs_per_request"] = metric(
                 [float(x) for x in d["runs"]], "runs"
             )
@@ -393,9 +404,9 @@ def _case_order(path: Path) -> tuple:
 def print_table(rows) -> None:
     print(
         "\n| case | variant | step us (p10-p90) | step / paged | KV us | "
-        "KV / paged | runs/req (mean/max) |"
+        "KV / paged | runs/req (mean/max) | prefix hits |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for key, m in rows:
         ps, pk = m["paged/step_time"], m["paged/kv_manager_time"]
         for v in _variants(m):
@@ -412,6 +423,7 @@ def print_table(rows) -> None:
                 f"{kv['median']:.0f}",
                 f"{kv['median'] / pk['median']:.2f}",
                 f"{statistics.fmean(runs):.2f}/{max(runs):.0f}",
+                f"{m[f'{v}/prefix_hit_rate']['median']:.1%}",
             ]
             print("| " + " | ".join(cells) + " |")
 

@@ -13,11 +13,13 @@ Verbs (each also a Makefile target):
   check       lint, apply on the pinned sdist, re-export, compare (--all: every pin)
   rebase      port the pin's stack to another release (--to, --continue, --abort)
   pr-branch   build/vllm-<v>/pr, on the newest pin unless --pin is given:
-              tagma/pr/<v>/plugin (base + the first patch) and
+              tagma/pr/<v>/plugin (base + the first patch),
+              tagma/pr/<v>/<name> (base + a patch with the trailer
+              Standalone-PR: <name>) and
               tagma/pr/<v>/full (base + engine + every patch), authored
               and signed off by your git identity, vLLM title tags and
               AI trailer (TAGMA_AI_COAUTHOR, default Claude); filled
-              descriptions PR_plugin.md, PR_full.md (--dry-run: plan only)
+              descriptions PR_<variant>.md (--dry-run: plan only)
   build       apply, then install the patched tree into build/vllm-<v>/venv
   prereqs     check (--install: install) what build and test need
 

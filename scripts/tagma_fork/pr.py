@@ -6,11 +6,14 @@ Both live in the pin's PR tree, build/vllm-<v>/pr (a worktree of
 build/upstream.git), on the pristine base:
 
     upstream/v<v> ── P1                             tagma/pr/<v>/plugin
+                 ├── Pk                             tagma/pr/<v>/<name>
                  └── engine ── P1 ── P2 ── ... Pn    tagma/pr/<v>/full
 
 `plugin` is the first patch alone, the backend-neutral plug-in point that
-upstream can take first; `full` adds the engine (csrc/tagma) first, so that
-every later commit builds, then every patch. The tree has `full` checked out.
+upstream can take first; a later patch whose message carries the trailer
+`Standalone-PR: <name>` (one that needs no earlier patch) is proposed alone
+too, as `<name>`; `full` adds the engine (csrc/tagma) first, so that every
+later commit builds, then every patch. The tree has `full` checked out.
 
 Every commit is authored and signed off (DCO) by the user's own git
 identity, never by the stack's alias, and carries vLLM's AI-attribution
@@ -45,7 +48,11 @@ from .git import Git
 AI_ENV = "TAGMA_AI_COAUTHOR"
 AI_DEFAULT = "Claude"
 
-VARIANTS = ("plugin", "full")
+# The trailer that proposes a later patch alone, naming its branch.
+STANDALONE_TRAILER = "Standalone-PR"
+_STANDALONE_RE = re.compile(
+    rf"(?mi)^{STANDALONE_TRAILER}:[ \t]*([a-z0-9][a-z0-9-]*)[ \t]*$"
+)
 
 # vLLM's PR title tags (docs/contributing/README.md, "PR Title and
 # Classification"), by the topic that starts a patch subject (`core: ...`).
@@ -90,6 +97,7 @@ DROPPED_TRAILERS = {
     "signed-off-by",
     "co-authored-by",
     stack.FILENAME_TRAILER.lower(),
+    STANDALONE_TRAILER.lower(),
 }
 
 # Reserved or unroutable mail domains (RFC 2606, RFC 6761): never a person.
@@ -133,7 +141,7 @@ class Identity:
 class Variant:
     """One PR branch: which commits it holds and its title."""
 
-    # "plugin" or "full".
+    # "plugin", "full" or a patch's Standalone-PR name.
     name: str
     # tagma/pr/<v>/<name>.
     branch: str
@@ -266,21 +274,41 @@ def patch_subject(layout: trees.Layout, name: str) -> str:
     return stack.mail_headers(lines)[0].get("subject", "")
 
 
+def standalone_name(layout: trees.Layout, name: str) -> str | None:
+    """The branch name a patch's `Standalone-PR:` trailer gives, if any."""
+    head, _ = stack.split_header((layout.patches / name).read_bytes())
+    match = _STANDALONE_RE.search(head.decode("utf-8", "replace"))
+    return match.group(1) if match else None
+
+
 def plan(layout: trees.Layout, names: list[str]) -> list[Variant]:
-    """Both variants, titles and subjects checked, before anything is built."""
+    """Every variant, titles and subjects checked, before anything is built."""
     version = layout.version
     subjects = [pr_subject(patch_subject(layout, n)) for n in names]
     engine = pr_subject(ENGINE_SUBJECT)
     full_subjects = [engine, *subjects]
     tags = "".join(dict.fromkeys(title_tags(s) for s in full_subjects))
+    alone = [("plugin", 0)]
+    for i, name in enumerate(names[1:], 1):
+        if (branch := standalone_name(layout, name)) is not None:
+            if branch in {b for b, _ in alone} | {"full"}:
+                raise ToolError(
+                    f"{name}: {STANDALONE_TRAILER}: {branch} names a branch "
+                    "another variant has",
+                    EXIT_USAGE,
+                )
+            alone.append((branch, i))
     return [
-        Variant(
-            "plugin",
-            f"tagma/pr/{version}/plugin",
-            False,
-            names[:1],
-            subjects[0],
-            subjects[:1],
+        *(
+            Variant(
+                branch,
+                f"tagma/pr/{version}/{branch}",
+                False,
+                names[i : i + 1],
+                subjects[i],
+                subjects[i : i + 1],
+            )
+            for branch, i in alone
         ),
         Variant(
             "full",
@@ -389,14 +417,21 @@ def newest(layout: trees.Layout) -> trees.Layout:
     return layout.for_version(versions[-1])
 
 
+def _drop_branches(layout: trees.Layout) -> None:
+    """Delete every tagma/pr/<v>/* branch and PR_*.md of the pin (variants
+    come and go with the series' trailers)."""
+    bare = Git(layout.bare)
+    prefix = f"refs/heads/tagma/pr/{layout.version}/"
+    for ref in bare.out("for-each-ref", "--format=%(refname)", prefix).split():
+        bare.run("update-ref", "-d", ref, check=False)
+    for path in layout.pin_build.glob("PR_*.md"):
+        path.unlink(missing_ok=True)
+
+
 def _remove_outputs(layout: trees.Layout) -> None:
     """Drop the PR tree, its branches and descriptions (a failed switch)."""
     trees.remove_tree(layout, layout.pr)
-    bare = Git(layout.bare)
-    for variant in VARIANTS:
-        ref = f"refs/heads/tagma/pr/{layout.version}/{variant}"
-        bare.run("update-ref", "-d", ref, check=False)
-        (layout.pin_build / f"PR_{variant}.md").unlink(missing_ok=True)
+    _drop_branches(layout)
 
 
 def _switch(
@@ -413,13 +448,13 @@ def _switch(
                 "update-ref", "-d", f"refs/heads/tagma/pr/{layout.version}",
                 check=False,
             )  # fmt: skip
+            _drop_branches(layout)
             for v in variants:
                 bare.run("update-ref", f"refs/heads/{v.branch}", v.commit)
             bare.run("worktree", "move", str(stage), str(layout.pr))
             Git(layout.pr).run("checkout", "--quiet", variants[-1].branch)
             for name, text in texts.items():
                 atomic.write_file(layout.pin_build / f"PR_{name}.md", text.encode())
-            (layout.pin_build / "PR_DESCRIPTION.md").unlink(missing_ok=True)
         except BaseException:
             _remove_outputs(layout)
             raise
@@ -453,7 +488,8 @@ def make_pr_branch(layout: trees.Layout, dry_run: bool = False) -> int:
             print(f"{v.branch}: {v.title}")
             for subject in v.subjects:
                 print(f"  {subject}")
-        print(f"would write {layout.pr}, {layout.pin_build}/PR_{{plugin,full}}.md")
+        names_md = ",".join(v.name for v in variants)
+        print(f"would write {layout.pr}, {layout.pin_build}/PR_{{{names_md}}}.md")
         return EXIT_OK
 
     base = trees.ensure_base(layout, pin)
@@ -485,7 +521,9 @@ def make_pr_branch(layout: trees.Layout, dry_run: bool = False) -> int:
     print(
         f"PR tree {layout.pr} (on {variants[-1].branch}); author and "
         f"Signed-off-by {ident}, Co-authored-by: {', '.join(coauthors)}.\n"
-        f"  descriptions: {layout.pin_build}/PR_plugin.md, PR_full.md "
+        f"  descriptions: {layout.pin_build}/"
+        + ", ".join(f"PR_{v.name}.md" for v in variants)
+        + " "
         "(first line: the title)\n"
         "  vLLM's AI policy: review every changed line and run the tests "
         "before you push; the description says you did.\n"

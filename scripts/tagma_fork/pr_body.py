@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import record, trees
+from . import record, stack, trees
 from .git import Git
 
 if TYPE_CHECKING:
@@ -90,6 +90,17 @@ TEST_PLAN = {
     ),
 }
 
+# A patch proposed alone through its Standalone-PR trailer: its purpose is
+# its own commit message.
+STANDALONE_TEST_PLAN = (
+    "- `make test VLLM_VERSION={v}` in tagma-vllm, on CPU: lint, the fork\n"
+    "  tooling's tests, and vLLM's `tests/v1/core` plus the series' own\n"
+    "  tests from the patched tree under `--kv-cache-backend paged` and\n"
+    "  `tagma`. These ran on the whole series, of which this is one commit.\n"
+    "- On this branch alone: the tests this commit adds and `pytest\n"
+    "  tests/v1/core` (CPU)."
+)
+
 # vLLM threads near this work, and how this PR relates to each.
 DUPLICATES = (
     "- #55841 (open PR, contiguous KV block runs for disaggregated\n"
@@ -114,6 +125,20 @@ DUPLICATES = (
     "  block tables and attention kernels and only chooses which blocks a\n"
     "  request gets."
 )
+
+# Variants whose related threads are not the backend's.
+VARIANT_DUPLICATES = {
+    "held-slots": (
+        "- #29206 (closed PR, early return in `KVCacheManager.allocate_slots`):\n"
+        "  the same idea. This one keeps the general path's result exactly,\n"
+        "  caching of completed blocks and the partial prompt tail included,\n"
+        "  and its test compares the two step by step through the scheduler\n"
+        "  with preemption and shared prefixes that end mid-block.\n"
+        "- #42131 (open PR, decode fast path for scheduler and model runner):\n"
+        "  complementary; it skips scheduler work for a stable decode batch,\n"
+        "  this makes each `allocate_slots` call that needs no block cheap."
+    ),
+}
 
 AI_NOTE = (
     "AI assistance was used: parts of this change were written with {tools}.\n"
@@ -464,21 +489,27 @@ def describe(
     result = [sources.make_test, sources.conformance]
     if variant.name == "full":
         result += [sources.gpu, sources.serve]
-    else:
+    elif variant.name == "plugin":
         result.append(
             "**Benchmarks**: none for this commit alone; it adds no work on the "
             "default path. The backend built on it is measured in the full PR "
             f"(branch `tagma/pr/{v}/full`)."
         )
+    else:
+        result.append(
+            "**Benchmarks**: the commit message's (under Purpose), from "
+            "tagma-vllm's `docs/ablation.md`."
+        )
+    purpose = PURPOSE.get(variant.name) or commit_body(git, variant.commit)
     text = TEMPLATE.read_text().format(
         title=variant.title,
-        purpose=PURPOSE[variant.name],
+        purpose=purpose,
         version=v,
         branch=variant.branch,
         rfc=sources.rfc,
         commits=commits,
-        duplicates=DUPLICATES,
-        test_plan=TEST_PLAN[variant.name].format(v=v),
+        duplicates=VARIANT_DUPLICATES.get(variant.name, DUPLICATES),
+        test_plan=TEST_PLAN.get(variant.name, STANDALONE_TEST_PLAN).format(v=v),
         test_result="\n\n".join(result),
         ai=AI_NOTE.format(
             tools=", ".join(coauthors),
@@ -490,3 +521,11 @@ def describe(
     left = [p for p in PLACEHOLDERS if p in text]
     assert not left, f"PR description still has placeholder text: {left}"
     return text
+
+
+def commit_body(git: Git, commit: str) -> str:
+    """A commit's message without its subject and trailer block."""
+    lines = git.out("log", "-1", "--format=%B", commit).rstrip("\n").split("\n")
+    numbered = list(enumerate(lines[1:], 1))
+    drop = {number for number, _ in stack.trailer_block(numbered)}
+    return "\n".join(line for n, line in numbered if n not in drop).strip("\n")

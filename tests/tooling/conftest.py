@@ -92,8 +92,15 @@ class Project:
             (top / rel).parent.mkdir(parents=True, exist_ok=True)
             (top / rel).write_bytes(data)
 
-    def add_patch(self, name: str, edit: Callable[[Path], None], subject: str) -> None:
-        """Make a worktree, apply `edit`, commit it as patch `name`, export."""
+    def add_patch(
+        self,
+        name: str,
+        edit: Callable[[Path], None],
+        subject: str,
+        trailers: str = "",
+    ) -> None:
+        """Make a worktree, apply `edit`, commit it as patch `name` (with
+        extra `trailers` lines), export."""
         from tagma_fork import ops, stack
 
         ops.worktree(self.layout, force=True)
@@ -101,7 +108,7 @@ class Project:
         edit(wt)
         git = Git(wt)
         git.run("add", "-A")
-        git.run("commit", "-q", "-m", header(subject))
+        git.run("commit", "-q", "-m", header(subject) + trailers)
         stack.tag_commit(git, name)
         ops.export(self.layout)
 

@@ -120,6 +120,71 @@ def test_pr_branch_builds_plugin_and_full(stack: Project) -> None:
     assert not (layout.pin_build / "PR_DESCRIPTION.md").exists()
 
 
+NEUTRAL = "tagma/pr/9.0.0/fast-path"
+
+
+@pytest.fixture
+def neutral(stack: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """The stack plus a later patch that upstream could take alone."""
+    as_identity(monkeypatch, *ALIAS)
+    stack.add_patch(
+        "fast-path.patch",
+        lambda wt: (wt / "vllm/fast.py").write_text(SPDX_PY + "Y = 2\n"),
+        "core: answer held slots early",
+        trailers="Standalone-PR: fast-path\n",
+    )
+    as_identity(monkeypatch, *USER)
+    return stack
+
+
+def test_standalone_trailer_gets_its_own_branch(neutral: Project) -> None:
+    layout = neutral.layout
+    bare = Git(layout.bare)
+    # A variant of an earlier build that the series no longer has goes away.
+    bare.run("update-ref", "refs/heads/tagma/pr/9.0.0/gone", BASE)
+    (layout.pin_build / "PR_gone.md").write_text("old\n")
+    assert pr.make_pr_branch(layout) == EXIT_OK
+    git = Git(layout.pr)
+    branches = git.out("for-each-ref", "--format=%(refname:short)", "refs/heads/")
+    assert [b for b in branches.splitlines() if b.startswith("tagma/pr/")] == [
+        NEUTRAL,
+        FULL,
+        PLUGIN,
+    ]
+    assert not (layout.pin_build / "PR_gone.md").exists()
+    # The patch alone on the base, its trailer kept in the stack only.
+    assert git.out("diff", "--name-only", BASE, NEUTRAL) == "vllm/fast.py"
+    message = log(layout, "%B", f"{BASE}..{NEUTRAL}")
+    assert message.splitlines()[0] == "[Core] Answer held slots early"
+    assert "Standalone-PR" not in message
+    assert message.rstrip().endswith("Signed-off-by: Ada Lovelace <ada@lovelace.dev>")
+    # The full PR still carries it, after the other patches.
+    assert log(layout, "%s", f"{BASE}..{FULL}").splitlines()[-1] == (
+        "[Core] Answer held slots early"
+    )
+    md = (layout.pin_build / "PR_fast-path.md").read_text()
+    assert md.splitlines()[0] == "[Core] Answer held slots early"
+    assert "Why this must be a patch." in md
+    assert "Forwarded: no" not in md
+    assert "On this branch alone: the tests this commit adds" in md
+
+
+def test_standalone_name_must_be_unique(neutral: Project, monkeypatch) -> None:
+    as_identity(monkeypatch, *ALIAS)
+    neutral.add_patch(
+        "again.patch",
+        lambda wt: (wt / "vllm/again.py").write_text(SPDX_PY),
+        "core: again",
+        trailers="Standalone-PR: fast-path\n",
+    )
+    as_identity(monkeypatch, *USER)
+    before = outputs(neutral.layout)
+    with pytest.raises(ToolError, match="Standalone-PR: fast-path") as e:
+        pr.make_pr_branch(neutral.layout)
+    assert e.value.code == EXIT_USAGE
+    assert outputs(neutral.layout) == before
+
+
 def test_pr_commits_are_the_users_with_ai_trailers(stack: Project) -> None:
     layout = stack.layout
     assert pr.make_pr_branch(layout) == EXIT_OK
