@@ -325,23 +325,21 @@ def pr_message(message: str, ident: Identity, coauthors: list[str]) -> str:
     """A stack commit's message as the PR has it: the vLLM-tagged subject,
     the body, the trailers that are not the stack's own, then vLLM's AI
     attribution and the user's sign-off."""
-    lines = message.rstrip("\n").split("\n")
-    numbered = list(enumerate(lines[1:], 1))
-    block = stack.trailer_block(numbered)
-    drop = set()
-    kept = []
-    for number, line in block:
-        drop.add(number)
-        match = re.match(r"([A-Za-z0-9-]+)\s*:", line)
-        if not (match and match.group(1).lower() in DROPPED_TRAILERS):
-            kept.append(line)
-    body = "\n".join(line for number, line in numbered if number not in drop)
+    subject, body, block = stack.split_message(message)
+    kept = [
+        line
+        for line in block
+        if not (
+            (match := re.match(r"([A-Za-z0-9-]+)\s*:", line))
+            and match.group(1).lower() in DROPPED_TRAILERS
+        )
+    ]
     trailers = [
         *kept,
         *(f"Co-authored-by: {tool}" for tool in coauthors),
         f"Signed-off-by: {ident}",
     ]
-    parts = [pr_subject(lines[0]), body.strip("\n"), "\n".join(trailers)]
+    parts = [pr_subject(subject), body, "\n".join(trailers)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 

@@ -500,7 +500,10 @@ def describe(
             "**Benchmarks**: the commit message's (under Purpose), from "
             "tagma-vllm's `docs/ablation.md`."
         )
-    purpose = PURPOSE.get(variant.name) or commit_body(git, variant.commit)
+    purpose = (
+        PURPOSE.get(variant.name)
+        or stack.split_message(git.out("log", "-1", "--format=%B", variant.commit))[1]
+    )
     text = TEMPLATE.read_text().format(
         title=variant.title,
         purpose=purpose,
@@ -521,11 +524,3 @@ def describe(
     left = [p for p in PLACEHOLDERS if p in text]
     assert not left, f"PR description still has placeholder text: {left}"
     return text
-
-
-def commit_body(git: Git, commit: str) -> str:
-    """A commit's message without its subject and trailer block."""
-    lines = git.out("log", "-1", "--format=%B", commit).rstrip("\n").split("\n")
-    numbered = list(enumerate(lines[1:], 1))
-    drop = {number for number, _ in stack.trailer_block(numbered)}
-    return "\n".join(line for n, line in numbered if n not in drop).strip("\n")

@@ -249,6 +249,17 @@ def _trailer(line: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+def split_message(message: str) -> tuple[str, str, list[str]]:
+    """A commit message's subject, body (stripped of blank edges) and the
+    lines of its trailer block."""
+    lines = message.rstrip("\n").split("\n")
+    numbered = list(enumerate(lines[1:], 1))
+    block = trailer_block(numbered)
+    drop = {number for number, _ in block}
+    body = "\n".join(line for number, line in numbered if number not in drop)
+    return lines[0], body.strip("\n"), [line for _, line in block]
+
+
 def trailer_block(message: list[tuple[int, str]]) -> list[tuple[int, str]]:
     """The trailer block of a commit message given as (line number, text).
 

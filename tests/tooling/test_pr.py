@@ -89,6 +89,11 @@ def outputs(layout: trees.Layout) -> dict[str, object]:
     return {"refs": refs, "head": head, "files": files, "worktrees": worktrees}
 
 
+def pr_branches(git: Git) -> list[str]:
+    refs = git.out("for-each-ref", "--format=%(refname:short)", "refs/heads/")
+    return [b for b in refs.splitlines() if b.startswith("tagma/pr/")]
+
+
 def listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
@@ -97,8 +102,7 @@ def test_pr_branch_builds_plugin_and_full(stack: Project) -> None:
     layout = stack.layout
     assert pr.make_pr_branch(layout) == EXIT_OK
     git = Git(layout.pr)
-    branches = git.out("for-each-ref", "--format=%(refname:short)", "refs/heads/")
-    assert [b for b in branches.splitlines() if b.startswith("tagma/pr/")] == [
+    assert pr_branches(git) == [
         FULL,
         PLUGIN,
     ]
@@ -145,8 +149,7 @@ def test_standalone_trailer_gets_its_own_branch(neutral: Project) -> None:
     (layout.pin_build / "PR_gone.md").write_text("old\n")
     assert pr.make_pr_branch(layout) == EXIT_OK
     git = Git(layout.pr)
-    branches = git.out("for-each-ref", "--format=%(refname:short)", "refs/heads/")
-    assert [b for b in branches.splitlines() if b.startswith("tagma/pr/")] == [
+    assert pr_branches(git) == [
         NEUTRAL,
         FULL,
         PLUGIN,
