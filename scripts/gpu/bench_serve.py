@@ -152,6 +152,21 @@ SUITES = {
             ],
             gate_lens=(8, 512, 4608),
         ),
+        # 8b-tail with four API servers: in its Poisson runs a single API
+        # server holds requests back before the engine (docs/itl-tail.md),
+        # so TTFT there is the front end's; this measures the engine's.
+        Suite(
+            "8b-tail-api4",
+            "llama-3.1-8b",
+            16384,
+            [
+                Workload("prefix", PREFIX),
+                Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28)),
+                Workload("prefix-poisson", _prefix(384) + _poisson(12)),
+            ],
+            server_args=["--api-server-count", "4"],
+            gate_lens=(8, 512, 4608),
+        ),
         Suite(
             "8b-128k",
             "llama-3.1-8b",

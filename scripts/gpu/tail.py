@@ -18,8 +18,11 @@ For each backend it reports that distribution, what the steps in
 its tail carried, and a least-squares model of step time from composition
 fitted on the other backend, so a step that is slower than its work explains
 stands out (a GPU-side cost), apart from a step that carried more work (a
-scheduling difference). Writes tail.md, tail.json and tail.png into OUT
-(default DIR).
+scheduling difference). For time to first token it sets the client's TTFTs
+against what the engine can account for: where no step left a request
+waiting, the longest two consecutive steps bound a request's time inside
+the engine, and TTFT above that was spent in the front end. Writes tail.md,
+tail.json and tail.png into OUT (default DIR).
 """
 
 from __future__ import annotations
@@ -98,17 +101,41 @@ def predict(coef: list[float], s: dict) -> float:
     )
 
 
-def client_chunks(run_dir: Path, workload: str) -> tuple[float, float]:
-    """(client ITL p99 ms, output tokens per streamed chunk) from the bench's
-    per-request lists, or NaNs where they were not kept."""
+def client_side(run_dir: Path, workload: str) -> dict:
+    """Client ITL p99, output tokens per streamed chunk and the TTFTs (ms)
+    from the bench's per-request lists, or NaNs where they were not kept."""
     path = run_dir / f"{workload}.bench.json"
-    if not path.exists():
-        return math.nan, math.nan
-    bench = json.loads(path.read_text())
+    bench = json.loads(path.read_text()) if path.exists() else {}
     itls = [x * 1e3 for per_req in bench.get("itls", []) for x in per_req]
     chunks = sum(1 + len(x) for x in bench.get("itls", []))
     tokens = sum(bench.get("output_lens", []))
-    return _pct(itls, 0.99), (tokens / chunks if chunks else math.nan)
+    return {
+        "client_itl_p99_ms": _pct(itls, 0.99) if itls else math.nan,
+        "tokens_per_chunk": tokens / chunks if chunks else math.nan,
+        "ttfts_ms": [x * 1e3 for x in bench.get("ttfts", [])],
+    }
+
+
+def ttft_split(steps: list[dict], ttfts_ms: list[float]) -> dict:
+    """How much of the client's TTFT tail the engine can account for.
+
+    A request that reaches the engine while its waiting queue empties at
+    every step is scheduled in the next step, so inside the engine it waits
+    at most for the step in flight and then its own admitting step: the
+    longest two consecutive steps bound its engine-side TTFT. Client TTFT
+    above that bound was spent before the engine (the API server).
+    """
+    pairs = [a["ms"] + b["ms"] for a, b in zip(steps, steps[1:], strict=False)]
+    bound = max(pairs, default=math.nan)
+    queued = sum(1 for s in steps if s["waiting"] > 0)
+    return {
+        "steps_with_waiting": queued,
+        "engine_ttft_bound_ms": bound if not queued else math.nan,
+        "client_ttft_p99_ms": _pct(ttfts_ms, 0.99) if ttfts_ms else math.nan,
+        "client_ttft_above_bound": (
+            sum(1 for t in ttfts_ms if t > bound) if not queued else math.nan
+        ),
+    }
 
 
 def summarize(steps: list[dict], model: list[float]) -> dict:
@@ -165,6 +192,10 @@ ROWS = [
     ("admitted", "admissions", "{:.0f}"),
     ("hit_tokens", "prefix-hit tokens at admission", "{:.0f}"),
     ("prefill_tokens", "prefill tokens computed", "{:.0f}"),
+    ("client_ttft_p99_ms", "client TTFT p99 ms", "{:.1f}"),
+    ("steps_with_waiting", "steps that left requests waiting", "{:.0f}"),
+    ("engine_ttft_bound_ms", "engine-side TTFT bound ms (no queue)", "{:.1f}"),
+    ("client_ttft_above_bound", "client TTFTs above that bound", "{:.0f}"),
 ]
 
 
@@ -179,7 +210,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     # (suite, workload) -> backend -> [(run name, steps)]
     runs: dict[tuple[str, str], dict[str, list[tuple[str, list[dict]]]]] = {}
-    chunks: dict[tuple[str, str], tuple[float, float]] = {}
+    clients: dict[tuple[str, str], dict] = {}
     for run_json in sorted(top.glob("*/run*/run.json")):
         run = json.loads(run_json.read_text())
         if run.get("warmup"):
@@ -193,7 +224,7 @@ def main() -> int:
                 runs.setdefault(key, {}).setdefault(run["backend"], []).append(
                     (run_json.parent.name, steps)
                 )
-                chunks[(run_json.parent.name, r["workload"])] = client_chunks(
+                clients[(run_json.parent.name, r["workload"])] = client_side(
                     run_json.parent, r["workload"]
                 )
     if not runs:
@@ -212,9 +243,9 @@ def main() -> int:
             for name, steps in by_backend.get(backend, []):
                 model = models.get(other[backend], models[backend])
                 row = summarize(steps, model)
-                row["client_itl_p99_ms"], row["tokens_per_chunk"] = chunks[
-                    (name, workload)
-                ]
+                client = clients[(name, workload)]
+                ttfts = client.pop("ttfts_ms")
+                row.update(client, **ttft_split(steps, ttfts))
                 cols.append((f"{backend} {name}", row))
         summary[f"{suite}/{workload}"] = {
             "runs": dict(cols),

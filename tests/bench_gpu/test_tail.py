@@ -89,10 +89,38 @@ def test_more_admissions_show_as_more_work_not_excess(tmp_path: Path) -> None:
     assert s_t["itl_p99_ms"] > s_p["itl_p99_ms"]
 
 
+def _with_waiting(steps: list[dict], waiting: int) -> list[dict]:
+    return [{**s, "waiting": waiting} for s in steps]
+
+
+def test_ttft_above_the_engine_bound_is_front_end_time(tmp_path: Path) -> None:
+    run, result = _run(tmp_path, "paged", _workload(0.0, 20))
+    steps = tail.steps_of(run, result)
+    # The longest two consecutive steps: a 100 ms prefill step and a 20 ms one.
+    split = tail.ttft_split(steps, [30.0, 90.0, 119.0, 150.0, 400.0])
+    assert split["steps_with_waiting"] == 0
+    assert split["engine_ttft_bound_ms"] == pytest.approx(120.0)
+    assert split["client_ttft_above_bound"] == 2
+
+
+def test_ttft_bound_is_withheld_when_the_engine_queued(tmp_path: Path) -> None:
+    run, result = _run(tmp_path, "paged", _workload(0.0, 20))
+    steps = _with_waiting(tail.steps_of(run, result), 0)
+    steps[5]["waiting"] = 3
+    split = tail.ttft_split(steps, [30.0, 400.0])
+    assert split["steps_with_waiting"] == 1
+    # A queue inside the engine adds to TTFT without bound: no claim.
+    assert split["engine_ttft_bound_ms"] != split["engine_ttft_bound_ms"]  # NaN
+    assert split["client_ttft_above_bound"] != split["client_ttft_above_bound"]
+
+
 def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
     suite = tmp_path / "res" / "s"
     _run(suite, "paged", _workload(0.0, 20))
-    _run(suite, "tagma", _workload(40.0, 20))
+    run, _ = _run(suite, "tagma", _workload(40.0, 20))
+    (run / "prefix.bench.json").write_text(
+        json.dumps({"ttfts": [0.05, 0.5], "itls": [[0.02], []], "output_lens": [2, 1]})
+    )
     for name in ("run-paged", "run-tagma"):
         (suite / name).rename(suite / f"run{1 if 'paged' in name else 2}-{name[4:]}")
     proc = subprocess.run(
@@ -107,3 +135,7 @@ def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
     runs = data["s/prefix"]["runs"]
     assert runs["tagma run2-tagma"]["tail_excess_ms_mean"] == pytest.approx(40, abs=1)
     assert "engine ITL p99 ms" in (out / "tail.md").read_text()
+    tagma_run = runs["tagma run2-tagma"]
+    assert tagma_run["tokens_per_chunk"] == pytest.approx(1.0)
+    assert tagma_run["engine_ttft_bound_ms"] == pytest.approx(160.0)
+    assert tagma_run["client_ttft_above_bound"] == 1
