@@ -135,7 +135,7 @@ test-engine: $(TOOLS) ## engine tests under ASan+UBSan (TAGMA_RANDOM_OPS=N, defa
 	$(CMAKE) --build $(PIN_BUILD)/tagma-asan -j2
 	$(CTEST) --test-dir $(PIN_BUILD)/tagma-asan --output-on-failure -j2
 
-bench-host: $(TOOLS) ## engine host benchmark: BENCH_RUNS runs, JSON + plots in build/results/bench_kv_engine
+bench-host: $(TOOLS) ## engine (FreeRuns) host benchmark: BENCH_RUNS runs, JSON + plots in build/results/bench_kv_engine
 	$(CMAKE) -S csrc/tagma -B $(PIN_BUILD)/tagma-rel -DCMAKE_BUILD_TYPE=Release >/dev/null
 	$(CMAKE) --build $(PIN_BUILD)/tagma-rel -j2 --target bench_kv_engine
 	@mkdir -p $(BUILD)/results/bench_kv_engine

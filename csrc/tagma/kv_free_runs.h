@@ -19,6 +19,15 @@
 // (with alignment 1, the run's length). by_fit_.lower_bound({k, 0}) is then
 // the smallest run that surely holds k, lowest address on ties.
 //
+// Why best fit: in a serving trace (64K blocks, prompts of 1..256 blocks,
+// decode growth) it had the smallest tail of ranges per request (p99, max)
+// and fallback share of best, first and worst fit and half-gap placement,
+// at 97 % occupancy and saturated; first fit's mean was 5 % lower at 97 %
+// (measured on the since-removed allocator engine; git history has it).
+// No placement keeps one range per request near full occupancy: growth
+// finds its neighbour taken and opens a new range, and some requests reach
+// the range cap (kTooManyRanges), which the caller must handle.
+//
 // Invariants (validate() recomputes each from the runs):
 //   1. Runs are non-empty, inside [0, num_blocks), ordered, and coalesced:
 //      two runs never touch (there is a non-free block between any two).
@@ -28,8 +37,9 @@
 // Two layers:
 //   * checked (add, add_range, remove, remove_range, take_after, take):
 //     every argument is checked; a Status; a failing call changes nothing.
-//   * unchecked primitives (put, cut, pick, plan) for an owner that knows
-//     the block states, as KVAllocator does: preconditions are the caller's.
+//   * unchecked primitives (put, cut, pick, plan), which the checked layer
+//     is built from: preconditions are the caller's (the tests break them
+//     on purpose to show that validate() notices).
 // A tree node is re-keyed rather than reallocated when a run shrinks or
 // grows, so the steady state does not allocate.
 // Standard library only; header-only; C++17.
@@ -47,35 +57,6 @@
 #include "kv_status.h"
 
 namespace tagma {
-
-// Which free run a single-range allocation takes. Best fit is the default;
-// the others exist so that bench_kv_engine's fragmentation trace can measure
-// the choice (first fit scans the runs by address: O(runs), measurement only).
-//
-// Why best fit: the trace (64K blocks, prompts 1..256 blocks, half behind 16
-// shared prefixes, decode growth, 5 seeds x 5 runs, median) gives ranges per
-// request mean / p99 / max and the share of allocations needing the fallback:
-//
-//                   97 % occupancy (3 % watermark)  99.9 % (saturated)
-//   policy          mean / p99 / max   fallback     mean / p99 / max  fallback
-//   best fit        12.6 /  31 /  37   2.1 %        24.3 / 138 / 256  3.6 %
-//   first fit       12.0 /  31 /  38   2.3 %        28.3 / 159 / 256  3.6 %
-//   worst fit       13.1 /  47 /  77   3.3 %        37.1 / 191 / 256  3.8 %
-//   half gap        14.9 /  63 / 109   3.7 %        41.7 / 201 / 256  4.2 %
-//   best, grow half 14.8 /  64 / 109   3.6 %        41.5 / 202 / 256  4.1 %
-//
-// Best fit has the smallest tail and fallback share in both regimes (first
-// fit's mean is 5 % lower at 97 %, its tail is not). Note #1: no placement
-// keeps one range per request at high occupancy: decode growth finds its
-// neighbour taken and opens a new range, and when saturated some requests
-// reach the 256-range cap (kTooManyRanges), so the manager must handle it.
-enum class FitPolicy : int32_t {
-  kBestFit = 0,
-  kFirstFit,
-  kWorstFit,
-  kHalfGap,
-  kBestFitGrowHalfGap,  // best fit for new requests, half gap for growth
-};
 
 class FreeRuns {
  public:
@@ -313,30 +294,9 @@ class FreeRuns {
     carve(std::prev(runs_.upper_bound(at)), at, l);
   }
 
-  // Aligned start of the single range of k blocks that `policy` places;
-  // requires largest_run() >= k. `growing`: for a request that already
-  // holds blocks (kBestFitGrowHalfGap places those differently).
-  uint32_t pick(uint32_t k, FitPolicy policy = FitPolicy::kBestFit,
-                bool growing = false) const {
-    switch (policy) {
-      case FitPolicy::kBestFitGrowHalfGap:
-        if (!growing) break;
-        [[fallthrough]];
-      case FitPolicy::kHalfGap: {
-        // Middle of the largest run: slack on both sides for growth.
-        const auto& f = *by_fit_.rbegin();
-        return align_up(f.second) + align_down((f.first - k) / 2);
-      }
-      case FitPolicy::kWorstFit:
-        return align_up(by_fit_.rbegin()->second);
-      case FitPolicy::kFirstFit:
-        for (const auto& run : runs_) {
-          if (usable(run.first, run.second) >= k) return align_up(run.first);
-        }
-        break;
-      case FitPolicy::kBestFit:
-        break;
-    }
+  // Aligned start of the best-fit range of k blocks (the smallest run that
+  // holds k, lowest address on ties); requires largest_run() >= k.
+  uint32_t pick(uint32_t k) const {
     return align_up(by_fit_.lower_bound({k, 0})->second);
   }
 

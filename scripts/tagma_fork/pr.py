@@ -82,9 +82,9 @@ TITLE_TAGS = {
 }
 ENGINE_SUBJECT = "core: add the tagma KV range engine (csrc/tagma)"
 ENGINE_BODY = (
-    "The header-only contiguous-range allocator and coordinate map that the\n"
-    "tagma KV-cache backend builds on, with their tests and host benchmark.\n"
-    "Standard library only; no CUDA, no torch."
+    "The header-only free-run index (FreeRuns) that the tagma KV-cache\n"
+    "backend places blocks with, its Python binding, tests and host\n"
+    "benchmark. Standard library only; no CUDA, no torch."
 )
 FULL_TITLE = "Tagma KV-cache backend: KV blocks as contiguous ranges"
 

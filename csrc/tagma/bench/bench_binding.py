@@ -4,15 +4,7 @@
 
 The same work, in one process, rounds alternating which side goes first:
 
-  case                  tagma (_tagma_C)                  vLLM BlockPool
-  allocate+release k=K  a.allocate(r, K); a.release(r)    get_new_blocks(K);
-                                                          free_blocks(reversed)
-  grow by one block     a.grow(r, 1)                      blocks += get_new_blocks(1)
-  prefix share 4        a.acquire_cached(r, keys4);       lookup 4 hashes
-                        a.release(r)                      (get_cached_block),
-                                                          touch, free_blocks
-  prefix touch 4        (same as above)                   touch, free_blocks
-                                                          (blocks in hand)
+  case                  tagma (_tagma_C.FreeRuns)         vLLM BlockPool
   take(1)+add           f.take(1); f.add([b])             get_new_blocks(1);
                                                           free_blocks
 
@@ -73,121 +65,18 @@ def metric(samples, unit="ns/call"):
 # Each case makes a pair of round functions: f(iterations) -> ns per call.
 
 
-def tagma_alloc_release(T, k):
-    a = T.KVAllocator(NUM_BLOCKS)
-
-    def run(n):
-        alloc, rel = a.allocate, a.release
-        t0 = time.perf_counter_ns()
-        for r in range(n):
-            alloc(r, k)
-            rel(r)
-        return (time.perf_counter_ns() - t0) / n
-
-    return run
-
-
-def pool_alloc_release(BP, k):
+def pool_get_free(BP):
     pool = BP(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
 
     def run(n):
         get, free = pool.get_new_blocks, pool.free_blocks
         t0 = time.perf_counter_ns()
         for _ in range(n):
-            blocks = get(k)
+            blocks = get(1)
             free(reversed(blocks))
         return (time.perf_counter_ns() - t0) / n
 
     return run
-
-
-def tagma_grow(T):
-    a = T.KVAllocator(NUM_BLOCKS)
-    state = {"req": 0}
-
-    def run(n):
-        req = state["req"] = state["req"] + 1
-        a.allocate(req, 1)
-        grow = a.grow
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            grow(req, 1)
-        dt = time.perf_counter_ns() - t0
-        a.release(req)
-        return dt / n
-
-    return run
-
-
-def pool_grow(BP):
-    pool = BP(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
-
-    def run(n):
-        blocks = pool.get_new_blocks(1)
-        get = pool.get_new_blocks
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            blocks.extend(get(1))
-        dt = time.perf_counter_ns() - t0
-        pool.free_blocks(reversed(blocks))
-        return dt / n
-
-    return run
-
-
-def prefix_keys(n):
-    return [(b"prefix-%d" % i).ljust(32, b"\0") for i in range(n)]
-
-
-def tagma_prefix(T, n_prefix):
-    a = T.KVAllocator(NUM_BLOCKS)
-    keys = prefix_keys(n_prefix)
-    a.allocate(10**9, n_prefix)
-    a.cache(10**9, 0, keys)
-    a.release(10**9)  # cached, unreferenced: what a new request hits
-
-    def run(n):
-        acq, rel = a.acquire_cached, a.release
-        t0 = time.perf_counter_ns()
-        for r in range(n):
-            acq(r, keys)
-            rel(r)
-        return (time.perf_counter_ns() - t0) / n
-
-    return run
-
-
-def pool_prefix(BP, n_prefix, lookup):
-    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
-
-    pool = BP(NUM_BLOCKS, enable_caching=True, hash_block_size=16)
-    hashes = prefix_keys(n_prefix)
-    blocks = pool.get_new_blocks(n_prefix)
-    for h, b in zip(hashes, blocks, strict=True):
-        # What cache_full_blocks does per block, without a Request.
-        pool._insert_block_hash(make_block_hash_with_group_id(h, 0), b, None)
-    pool.free_blocks(reversed(blocks))
-    assert all(pool.get_cached_block(h, [0]) for h in hashes)
-    groups = [0]
-
-    def run_lookup(n):
-        get, touch, free = pool.get_cached_block, pool.touch, pool.free_blocks
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            hit = [get(h, groups)[0] for h in hashes]
-            touch(hit)
-            free(reversed(hit))
-        return (time.perf_counter_ns() - t0) / n
-
-    def run_touch(n):
-        touch, free = pool.touch, pool.free_blocks
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            touch(blocks)
-            free(reversed(blocks))
-        return (time.perf_counter_ns() - t0) / n
-
-    return run_lookup if lookup else run_touch
 
 
 def tagma_free_runs(T):
@@ -207,43 +96,14 @@ def tagma_free_runs(T):
 
 def cases(T, BP, scale):
     """(metric name, iterations, tagma round fn, BlockPool round fn)."""
-    it = lambda n: max(50, int(n * scale))  # noqa: E731
-    out = []
-    for k in (1, 16, 128):
-        out.append(
-            (
-                f"allocate+release k={k}",
-                it(40000 // max(1, k // 8)),
-                tagma_alloc_release(T, k),
-                pool_alloc_release(BP, k),
-            )
-        )
-    out.append(("grow by one block", it(8192), tagma_grow(T), pool_grow(BP)))
-    out.append(
-        (
-            "prefix share 4 blocks (lookup+ref+release)",
-            it(20000),
-            tagma_prefix(T, 4),
-            pool_prefix(BP, 4, lookup=True),
-        )
-    )
-    out.append(
-        (
-            "prefix share 4 blocks (touch+free, blocks in hand)",
-            it(20000),
-            tagma_prefix(T, 4),
-            pool_prefix(BP, 4, lookup=False),
-        )
-    )
-    out.append(
+    return [
         (
             "FreeRuns take(1)+add / get_new_blocks(1)+free",
-            it(40000),
+            max(50, int(40000 * scale)),
             tagma_free_runs(T),
-            pool_alloc_release(BP, 1),
+            pool_get_free(BP),
         )
-    )
-    return out
+    ]
 
 
 # ------------------------------------------------------------- bookkeeping

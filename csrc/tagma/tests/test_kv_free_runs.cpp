@@ -4,12 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "../kv_free_runs.h"
 
-using tagma::FitPolicy;
 using tagma::FreeRuns;
 using tagma::Status;
 
@@ -43,6 +44,16 @@ FreeRuns make(int64_t n, const Runs& runs, int64_t alignment = 1) {
 }
 
 }  // namespace
+
+TEST_CASE("test_status_str") {
+  std::set<std::string> seen;
+  for (int s = 0; s <= static_cast<int>(Status::kLast); ++s) {
+    seen.insert(tagma::status_str(static_cast<Status>(s)));
+  }
+  CHECK(seen.size() == static_cast<size_t>(Status::kLast) + 1);
+  CHECK(std::string(tagma::status_str(static_cast<Status>(1000))) ==
+        "unknown status");
+}
 
 TEST_CASE("test_free_runs_starts_empty") {
   FreeRuns f(16);
@@ -330,12 +341,7 @@ TEST_CASE("test_free_runs_unchecked_layer") {
   CHECK(f.run_at(11) == 0);
   CHECK(f.pick(2) == 0);
   CHECK(f.pick(3) == 10);
-  CHECK(f.pick(3, FitPolicy::kFirstFit) == 10);
-  CHECK(f.pick(1, FitPolicy::kFirstFit) == 0);
-  CHECK(f.pick(3, FitPolicy::kWorstFit) == 20);
-  CHECK(f.pick(4, FitPolicy::kHalfGap) == 28);  // 20 + (20 - 4) / 2
-  CHECK(f.pick(4, FitPolicy::kBestFitGrowHalfGap, false) == 10);
-  CHECK(f.pick(4, FitPolicy::kBestFitGrowHalfGap, true) == 28);
+  CHECK(f.pick(7) == 20);
   std::vector<FreeRuns::Run> plan;
   CHECK(f.plan(27, &plan));
   CHECK(plan == Runs{{20, 20}, {10, 6}, {0, 1}});

@@ -34,21 +34,12 @@ def fr_state(f):
     return (f.runs(), f.num_free, f.largest_run, f.num_runs)
 
 
-def al_state(a, reqs=()):
-    """Everything observable of an allocator (for unchanged-after-error)."""
-    return (a.stats(), {r: a.ranges(r) for r in reqs if r in a})
-
-
 def raises_unchanged(state, exc, fn, *args, match=None):
     """fn(*args) raises exc, and state() is the same before and after."""
     before = state()
     with pytest.raises(exc, match=match):
         fn(*args)
     assert state() == before
-
-
-def keys(prefix, n):
-    return [f"{prefix}{i}".encode() for i in range(n)]
 
 
 class Index:
@@ -72,16 +63,16 @@ def test_module_is_abi3():
 
 def test_module_contents():
     assert T.MAX_BLOCKS == 2**31 - 2
-    for name in ("FreeRuns", "KVAllocator", "KVCoordMap"):
-        cls = getattr(T, name)
-        assert cls.__module__ == "vllm._tagma_C"
-        assert cls.__doc__
-        with pytest.raises(TypeError):
-            cls.x = 1  # immutable types
-        with pytest.raises(TypeError):
+    assert [n for n in dir(T) if not n.startswith("_")] == ["FreeRuns", "MAX_BLOCKS"]
+    cls = T.FreeRuns
+    assert cls.__module__ == "vllm._tagma_C"
+    assert cls.__doc__
+    with pytest.raises(TypeError):
+        cls.x = 1  # immutable type
+    with pytest.raises(TypeError):
 
-            class Sub(cls):  # not subclassable
-                pass
+        class Sub(cls):  # not subclassable
+            pass
 
 
 def test_module_multi_phase_init_gives_independent_types():
@@ -128,14 +119,14 @@ def test_module_imports_under_newer_python(version):
         pytest.skip(f"no Python {version} here")
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import _tagma_C as t; "
-        "a = t.KVAllocator(8); a.allocate(1, 3); print(sys.version_info[:2], "
-        "a.ranges(1), t.__file__)"
+        "f = t.FreeRuns(8); f.add_range(0, 8); print(sys.version_info[:2], "
+        "f.take(3), t.__file__)"
     )
     out = subprocess.run(
         [exe, "-c", code, str(EXT_DIR)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    assert "[(0, 3, 0)]" in out.stdout and "abi3.so" in out.stdout
+    assert "[(0, 3)]" in out.stdout and "abi3.so" in out.stdout
 
 
 # --------------------------------------------------------------- FreeRuns
@@ -532,12 +523,6 @@ def _free_runs_8(engine):
     return f
 
 
-def _allocator_8():
-    a = T.KVAllocator(8)
-    a.allocate(1, 1)
-    return a
-
-
 _NOT_INTS = {
     "str": "1",
     "bytes": b"1",
@@ -564,11 +549,6 @@ def test_free_runs_contains_non_int_is_false(engine, key):
     _check_contains_non_int(_free_runs_8(engine), key)
 
 
-@pytest.mark.parametrize("key", list(_NOT_INTS.values()), ids=list(_NOT_INTS))
-def test_kv_allocator_contains_non_int_is_false(key):
-    _check_contains_non_int(_allocator_8(), key)
-
-
 class _BadIndex:
     def __index__(self):
         raise RuntimeError("boom")
@@ -577,11 +557,6 @@ class _BadIndex:
 def test_free_runs_contains_index_error_propagates(engine):
     with pytest.raises(RuntimeError, match="boom"):
         _BadIndex() in _free_runs_8(engine)  # noqa: B015
-
-
-def test_kv_allocator_contains_index_error_propagates():
-    with pytest.raises(RuntimeError, match="boom"):
-        _BadIndex() in _allocator_8()  # noqa: B015
 
 
 def test_free_runs_ids_whose_index_calls_back(engine):
@@ -889,559 +864,6 @@ def test_free_runs_engines_agree_fragmented(py_engine, alignment):
     assert p.validate() and c.validate()
 
 
-# ------------------------------------------------------------- KVAllocator
-
-
-def test_kv_allocator_constructor():
-    a = T.KVAllocator(64, alignment=2, max_ranges=8)
-    assert (a.num_blocks, a.alignment, a.max_ranges, a.num_requests) == (64, 2, 8, 0)
-    assert T.KVAllocator(8).max_ranges == 8  # clamped to num_blocks
-    assert a.validate()
-    assert repr(a).startswith("KVAllocator(num_blocks=64, alignment=2, max_ranges=8")
-
-
-@pytest.mark.parametrize(
-    "args", [(0,), (-1,), (T.MAX_BLOCKS + 1,), (8, 0), (8, 9), (8, 1, 0), (2**64,)]
-)
-def test_kv_allocator_constructor_errors(args):
-    with pytest.raises(ValueError, match="KVAllocator"):
-        T.KVAllocator(*args)
-
-
-def test_kv_allocator_allocate_release():
-    a = T.KVAllocator(64)
-    a.allocate(1, 10)
-    a.allocate(2, 5)
-    assert a.ranges(1) == [(0, 10, 0)]
-    assert a.ranges(2) == [(10, 5, 0)]
-    assert a.blocks(2) == list(range(10, 15))
-    assert a.request_blocks(1) == 10
-    assert 1 in a and 3 not in a and a.num_requests == 2
-    a.release(1)
-    assert 1 not in a
-    st = a.stats()
-    assert (st["free"], st["used"], st["num_requests"]) == (59, 5, 1)
-    a.allocate(2**64 - 1, 3)  # the largest request id
-    assert a.ranges(2**64 - 1) == [(0, 3, 0)]
-    assert a.validate()
-
-
-def test_kv_allocator_allocate_errors_leave_state_unchanged():
-    a = T.KVAllocator(16, alignment=2)
-    a.allocate(7, 10)
-    st = lambda: al_state(a, [7])  # noqa: E731
-    raises_unchanged(
-        st,
-        MemoryError,
-        a.allocate,
-        8,
-        8,
-        match=(
-            r"KVAllocator.allocate\(req=8, count=8\): "
-            r"out of memory: 6 free blocks, 0 cached-only"
-        ),
-    )
-    raises_unchanged(st, ValueError, a.allocate, 8, 0, match="zero count")
-    raises_unchanged(st, ValueError, a.allocate, 8, -2, match="counts must be >= 0")
-    raises_unchanged(st, ValueError, a.allocate, 8, 3, match="alignment 2")
-    raises_unchanged(
-        st, ValueError, a.allocate, 7, 2, match=r"duplicate request: use grow\(\)"
-    )
-    raises_unchanged(st, ValueError, a.allocate, -1, 2, match="req=-1 out of range")
-    raises_unchanged(st, ValueError, a.allocate, 2**64, 2, match="out of range")
-    raises_unchanged(st, ValueError, a.allocate, 8, 2**64, match="int64")
-    raises_unchanged(st, TypeError, a.allocate, "8", 2, match="req must be an int")
-    raises_unchanged(st, TypeError, a.allocate, 8, 2.0, match="count must be an int")
-    raises_unchanged(st, TypeError, a.allocate, 8)
-    with pytest.raises(TypeError):
-        a.allocate(req=8, count=2)
-    a.allocate(8, 6)  # still usable
-    assert a.stats()["free"] == 0
-
-
-def test_kv_allocator_grow_in_place_and_fallback():
-    a = T.KVAllocator(32, max_ranges=3)
-    a.allocate(1, 4)
-    a.grow(1, 4)
-    assert a.ranges(1) == [(0, 8, 0)]  # in place: still one range
-    a.allocate(2, 2)  # blocks 8, 9
-    a.grow(1, 2)  # neighbour taken: a new range
-    assert a.ranges(1) == [(0, 8, 0), (10, 2, 8)]
-    assert a.physical_block(1, 9) == 11
-    assert a.ranges_bytes(1) == np.array([0, 8, 0, 10, 2, 8], dtype=np.uint32).tobytes()
-    assert a.validate()
-
-
-def test_kv_allocator_grow_errors_leave_state_unchanged():
-    a = T.KVAllocator(8, max_ranges=2)
-    for r in range(4):
-        a.allocate(r, 2)
-    a.release(1)
-    a.release(3)  # free: [2, 4) and [6, 8)
-    st = lambda: al_state(a, [0, 2])  # noqa: E731
-    raises_unchanged(
-        st,
-        KeyError,
-        a.grow,
-        9,
-        1,
-        match=r"KVAllocator.grow\(req=9, count=1\): unknown request",
-    )
-    raises_unchanged(
-        st,
-        MemoryError,
-        a.grow,
-        0,
-        5,
-        match=r"KVAllocator.grow\(req=0, count=5\): out of memory: 4 free blocks",
-    )
-    raises_unchanged(st, ValueError, a.grow, 0, 0, match="zero count")
-    raises_unchanged(st, ValueError, a.grow, 0, -1, match="counts must be >= 0")
-    raises_unchanged(st, TypeError, a.grow, 0, None)
-    a.grow(0, 2)  # still usable; in place
-    assert a.ranges(0) == [(0, 4, 0)]
-    assert a.validate()
-
-
-def test_kv_allocator_too_many_ranges():
-    a = T.KVAllocator(8, max_ranges=1)
-    for r in range(4):
-        a.allocate(r, 2)
-    a.release(0)
-    a.release(2)  # free: [0, 2) and [4, 6)
-    st = lambda: al_state(a, [1, 3])  # noqa: E731
-    raises_unchanged(
-        st,
-        ValueError,
-        a.allocate,
-        9,
-        4,
-        match=r"allocate\(req=9, count=4\): too many ranges: max_ranges=1",
-    )
-    raises_unchanged(
-        st,
-        ValueError,
-        a.grow,
-        3,
-        1,
-        match=(
-            r"grow\(req=3, count=1\): "
-            r"too many ranges: max_ranges=1, the request holds 1"
-        ),
-    )
-    a.grow(1, 2)  # in place: no new range
-    assert a.ranges(1) == [(2, 4, 0)]
-
-
-def test_kv_allocator_release_errors():
-    a = T.KVAllocator(8)
-    a.allocate(1, 2)
-    st = lambda: al_state(a, [1])  # noqa: E731
-    raises_unchanged(
-        st,
-        KeyError,
-        a.release,
-        2,
-        match=r"KVAllocator.release\(req=2\): unknown request",
-    )
-    raises_unchanged(st, ValueError, a.release, -2)
-    raises_unchanged(st, TypeError, a.release, None)
-    a.release(1)
-    raises_unchanged(st, KeyError, a.release, 1)
-
-
-def test_kv_allocator_prefix_cache_share():
-    a = T.KVAllocator(32)
-    k = keys("p", 4)
-    a.allocate(1, 6)
-    a.cache(1, 0, k)
-    assert a.lookup(k) == 4
-    assert a.lookup(k[:2] + [b"miss"] + k[2:]) == 2
-    assert a.lookup([]) == 0
-    assert a.lookup(iter(k)) == 4
-    a.acquire_cached(2, k)  # n defaults to len(keys)
-    a.acquire_cached(3, k, 2)
-    a.acquire_cached(4, k, None)
-    assert a.ranges(2) == [(0, 4, 0)] and a.ranges(3) == [(0, 2, 0)]
-    a.grow(3, 2)
-    assert a.request_blocks(3) == 4
-    a.release(1)
-    a.release(2)
-    a.release(4)
-    st = a.stats()
-    assert st["cached_only"] == 2  # blocks 2, 3: cached, unreferenced
-    a.acquire_cached(5, [], 0)  # empty request, then grow
-    a.grow(5, 1)
-    assert a.request_blocks(5) == 1
-    assert a.validate()
-
-
-def test_kv_allocator_acquire_cached_errors_leave_state_unchanged():
-    a = T.KVAllocator(32, max_ranges=1)
-    k = keys("p", 4)
-    a.allocate(1, 4)
-    a.cache(1, 0, k)
-    a.allocate(2, 1)
-    st = lambda: al_state(a, [1, 2])  # noqa: E731
-    raises_unchanged(
-        st,
-        KeyError,
-        a.acquire_cached,
-        3,
-        [k[0], b"x"],
-        match=r"acquire_cached\(req=3, n=2\): cache miss: keys\[1\] is not cached",
-    )
-    raises_unchanged(
-        st, ValueError, a.acquire_cached, 3, [k[0], k[0]], match="duplicate cache key"
-    )
-    raises_unchanged(
-        st, ValueError, a.acquire_cached, 3, [k[1], k[0]], match="too many ranges"
-    )
-    raises_unchanged(
-        st, ValueError, a.acquire_cached, 2, k, match="already holds blocks: 1 blocks"
-    )
-    raises_unchanged(
-        st, ValueError, a.acquire_cached, 3, k, 5, match="n=5 but only 4 keys"
-    )
-    raises_unchanged(st, ValueError, a.acquire_cached, 3, k, -1, match="n must be >= 0")
-    raises_unchanged(
-        st,
-        TypeError,
-        a.acquire_cached,
-        3,
-        [k[0], "s"],
-        match=r"keys\[1\] must be bytes",
-    )
-    raises_unchanged(st, TypeError, a.acquire_cached, 3, 5, match="iterable")
-    raises_unchanged(st, TypeError, a.acquire_cached, 3)
-    a.acquire_cached(3, k, 3)
-    assert a.ranges(3) == [(0, 3, 0)]
-
-
-def test_kv_allocator_cache_errors_leave_state_unchanged():
-    a = T.KVAllocator(32)
-    a.allocate(1, 4)
-    a.cache(1, 0, keys("a", 2))
-    a.cache(1, 0, keys("a", 2))  # same keys again: a no-op
-    st = lambda: al_state(a, [1])  # noqa: E731
-    before = a.lookup(keys("a", 2) + keys("b", 4))
-    raises_unchanged(st, KeyError, a.cache, 2, 0, keys("b", 1), match="unknown request")
-    raises_unchanged(
-        st, ValueError, a.cache, 1, -1, keys("b", 1), match="first must be >= 0"
-    )
-    raises_unchanged(
-        st,
-        ValueError,
-        a.cache,
-        1,
-        3,
-        keys("b", 2),
-        match="block out of range: the request holds 4 blocks",
-    )
-    raises_unchanged(st, ValueError, a.cache, 1, 1, keys("b", 2), match="another key")
-    raises_unchanged(st, TypeError, a.cache, 1, 2, ["x"])
-    assert a.lookup(keys("a", 2) + keys("b", 4)) == before
-    a.cache(1, 2, keys("c", 2))
-    assert a.lookup(keys("a", 2) + keys("c", 2)) == 4
-
-
-def test_kv_allocator_cache_duplicate_keys_rejected():
-    # cache() took [k, k] (keying the first block only), and acquire_cached()
-    # then refused that very list as a duplicate: both refuse it now.
-    a = T.KVAllocator(16)
-    a.allocate(1, 4)
-    a.cache(1, 0, keys("z", 1))
-    probe = [b"d", b"x", b"y", b"z0"]
-
-    def st():
-        return al_state(a, [1]), [a.lookup([k]) for k in probe]
-
-    raises_unchanged(
-        st,
-        ValueError,
-        a.cache,
-        1,
-        1,
-        [b"d", b"d"],
-        match=(
-            r"^KVAllocator.cache\(req=1, first=1, <2 keys>\): "
-            r"duplicate cache key: keys\[1\] repeats keys\[0\]$"
-        ),
-    )
-    raises_unchanged(
-        st,
-        ValueError,
-        a.cache,
-        1,
-        0,
-        [b"z0", b"x", b"y", b"x"],
-        match=r"keys\[3\] repeats keys\[1\]",
-    )
-    raises_unchanged(
-        st, ValueError, a.cache, 1, 0, [b"z0", b"z0"], match="duplicate cache key"
-    )
-    raises_unchanged(
-        st, ValueError, a.cache, 1, 2, (b"d", b"d"), match="duplicate cache key"
-    )
-    # Checked before conflicts: block 0 carries z0, not d.
-    raises_unchanged(
-        st, ValueError, a.cache, 1, 0, [b"d", b"d"], match="duplicate cache key"
-    )
-    raises_unchanged(st, ValueError, a.cache, 1, 0, [b"d", b"e"], match="another key")
-    assert st()[1] == [0, 0, 0, 1]
-    # Distinct keys: what cache() took, acquire_cached() takes back.
-    k = [b"z0", b"y", b"x"]
-    a.cache(1, 0, k)
-    a.acquire_cached(2, k)
-    assert a.ranges(2) == [(0, 3, 0)]
-    raises_unchanged(
-        st,
-        ValueError,
-        a.acquire_cached,
-        3,
-        [k[0], k[1], k[0]],
-        match=(
-            r"^KVAllocator.acquire_cached\(req=3, n=3\): "
-            r"duplicate cache key: keys\[2\] repeats keys\[0\]$"
-        ),
-    )
-    assert a.validate()
-
-
-def test_kv_allocator_acquire_more_keys_than_blocks():
-    # More keys than blocks was always a cache miss, even when every key is
-    # cached and one repeats: "keys[3] is not cached" of a 3-key list.
-    a = T.KVAllocator(2)
-    a.allocate(1, 2)
-    k = keys("m", 2)
-    a.cache(1, 0, k)
-    st = lambda: al_state(a, [1, 2])  # noqa: E731
-    raises_unchanged(
-        st,
-        ValueError,
-        a.acquire_cached,
-        2,
-        [k[0], k[1], k[0]],
-        match=r"duplicate cache key: keys\[2\] repeats keys\[0\]",
-    )
-    raises_unchanged(
-        st,
-        KeyError,
-        a.acquire_cached,
-        2,
-        [k[0], k[1], b"nope"],
-        match=r"cache miss: keys\[2\] is not cached",
-    )
-    a.acquire_cached(2, [k[0], k[1], k[0]], 2)
-    assert a.ranges(2) == [(0, 2, 0)]
-
-
-def test_kv_allocator_evict_and_reset_cache():
-    a = T.KVAllocator(16)
-    a.allocate(1, 4)
-    a.cache(1, 0, keys("k", 4))
-    with pytest.raises(
-        ValueError, match=r"reset_cache\(\): cache blocks in use: 4 blocks in use"
-    ):
-        a.reset_cache()
-    a.release(1)
-    assert a.evict(1) == 1  # the tail first
-    assert a.lookup(keys("k", 4)) == 3
-    with pytest.raises(ValueError, match=r"evict\(n=-1\)"):
-        a.evict(-1)
-    assert a.evict(0) == 0
-    a.reset_cache()
-    assert a.lookup(keys("k", 4)) == 0
-    st = a.stats()
-    assert (st["free"], st["cached_only"], st["evictions"]) == (16, 0, 1)
-
-
-def test_kv_allocator_evict_for_contiguity():
-    a = T.KVAllocator(8)
-    a.allocate(1, 8)
-    a.cache(1, 0, keys("k", 8))
-    a.release(1)
-    a.allocate(2, 4)  # evicts cache-only blocks
-    assert a.stats()["evictions"] == 4
-    assert a.validate()
-
-
-def test_kv_allocator_read_methods_errors():
-    a = T.KVAllocator(8)
-    a.allocate(1, 3)
-    for fn in (a.ranges, a.ranges_bytes, a.blocks, a.request_blocks):
-        with pytest.raises(KeyError, match=r"\(req=2\): unknown request"):
-            fn(2)
-        with pytest.raises(ValueError):
-            fn(-1)
-        with pytest.raises(TypeError):
-            fn("1")
-    with pytest.raises(KeyError):
-        a.physical_block(2, 0)
-    with pytest.raises(
-        ValueError, match=r"physical_block\(req=1, logical=3\): block out of range"
-    ):
-        a.physical_block(1, 3)
-    with pytest.raises(ValueError):
-        a.physical_block(1, -1)
-    assert [a.physical_block(1, i) for i in range(3)] == [0, 1, 2]
-    a.acquire_cached(5, [], 0)
-    assert a.ranges(5) == [] and a.blocks(5) == [] and a.ranges_bytes(5) == b""
-
-
-def test_kv_allocator_stats_keys():
-    a = T.KVAllocator(8)
-    assert set(a.stats()) == {
-        "total",
-        "free",
-        "used",
-        "cached_only",
-        "largest_free_run",
-        "num_free_runs",
-        "num_requests",
-        "ranges_total",
-        "max_ranges_per_request",
-        "fallback_allocations",
-        "evictions",
-    }
-    assert a.stats()["total"] == 8
-
-
-def test_kv_allocator_request_ids_by_index():
-    # A request id above int64 given as numpy's uint64 (an int by __index__)
-    # was "out of range" (allocate) or not a member (`in`).
-    a = T.KVAllocator(8)
-    big = np.uint64(2**64 - 1)
-    a.allocate(big, 2)
-    assert big in a and 2**64 - 1 in a and Index(2**64 - 1) in a
-    a.grow(Index(2**64 - 1), 1)
-    assert a.ranges(big) == [(0, 3, 0)] and a.request_blocks(big) == 3
-    assert a.physical_block(big, np.int64(2)) == 2
-    a.release(np.uint64(2**64 - 1))
-    assert big not in a
-    st = lambda: al_state(a)  # noqa: E731
-    raises_unchanged(
-        st,
-        ValueError,
-        a.allocate,
-        np.int64(-1),
-        1,
-        match=r"^KVAllocator.allocate: req=-1 out of range: request ids are in",
-    )
-    raises_unchanged(
-        st,
-        ValueError,
-        a.allocate,
-        Index(2**64),
-        1,
-        match=r"req=18446744073709551616 out of range: request ids are in",
-    )
-    raises_unchanged(
-        st,
-        TypeError,
-        a.allocate,
-        1.0,
-        1,
-        match=r"^KVAllocator.allocate: req must be an int, not <class 'float'>$",
-    )
-
-
-def test_kv_allocator_contains():
-    a = T.KVAllocator(8)
-    a.allocate(2**64 - 1, 1)
-    assert 2**64 - 1 in a
-    assert 2**64 not in a and -1 not in a and 0 not in a
-    assert -(2**70) not in a and 2**70 not in a
-
-
-# -------------------------------------------------------------- KVCoordMap
-
-
-def test_kv_coord_map_offset_and_inverse():
-    m = T.KVCoordMap(2, 8, 16, 128)
-    assert (m.num_layers, m.num_blocks, m.tokens_per_block, m.bytes_per_token) == (
-        2,
-        8,
-        16,
-        128,
-    )
-    assert m.total_bytes == 2 * 8 * 16 * 128
-    off = m.offset(1, 2, 3)
-    assert off == ((1 * 8 + 2) * 16 + 3) * 128
-    assert m.coord(off + 5) == (1, 2, 3, 5)
-    assert m.coord(np.uint64(0)) == (0, 0, 0, 0)
-    assert repr(m) == (
-        "KVCoordMap(num_layers=2, num_blocks=8, tokens_per_block=16, "
-        "bytes_per_token=128)"
-    )
-
-
-def test_kv_coord_map_errors():
-    with pytest.raises(ValueError, match="num_layers must be >= 1"):
-        T.KVCoordMap(0, 8, 16, 128)
-    with pytest.raises(ValueError, match="invalid layout"):
-        T.KVCoordMap(2**40, 2**40, 2**20, 2)
-    m = T.KVCoordMap(2, 8, 16, 128)
-    with pytest.raises(
-        ValueError, match=r"offset\(layer=2, block=0, token=0\): layer out of range"
-    ):
-        m.offset(2, 0, 0)
-    with pytest.raises(ValueError, match="block out of range"):
-        m.offset(0, 8, 0)
-    with pytest.raises(ValueError, match="token out of range"):
-        m.offset(0, 0, 16)
-    with pytest.raises(
-        ValueError,
-        match=r"offset: layer=-1 out of range: coordinates are in \[0, 2\*\*64\)",
-    ):
-        m.offset(-1, 0, 0)
-    with pytest.raises(ValueError, match="offset out of range"):
-        m.coord(m.total_bytes)
-    with pytest.raises(ValueError, match="offset out of range"):
-        m.coord(-1)
-    with pytest.raises(TypeError):
-        m.coord(1.5)
-    with pytest.raises(TypeError):
-        m.offset(0, 0)
-    assert m.offset(1, 7, 15) == m.total_bytes - 128
-
-
-def test_kv_coord_map_coordinates_are_uint64():
-    # Coordinates are uint64: 2**63 .. 2**64 - 1 reach the map, which names
-    # the coordinate out of range ("does not fit in int64" before); beyond,
-    # the value is named as passed.
-    m = T.KVCoordMap(2, 8, 16, 128)
-    with pytest.raises(
-        ValueError,
-        match=(
-            r"^KVCoordMap.offset\(layer=0, block=9223372036854775808, token=0\): "
-            r"block out of range \(layout 2 layers x 8 blocks x 16 tokens\)$"
-        ),
-    ):
-        m.offset(0, 2**63, 0)
-    with pytest.raises(ValueError, match=r"token=18446744073709551615\): token out"):
-        m.offset(0, 0, np.uint64(2**64 - 1))
-    with pytest.raises(
-        ValueError,
-        match=(
-            r"^KVCoordMap.offset: token=18446744073709551616 out of range: "
-            r"coordinates are in \[0, 2\*\*64\)$"
-        ),
-    ):
-        m.offset(0, 0, 2**64)
-    with pytest.raises(ValueError, match=r"coord\(offset=18446744073709551616\)"):
-        m.coord(2**64)
-    with pytest.raises(ValueError, match=r"coord\(offset=-1\): offset out of range"):
-        m.coord(np.int64(-1))
-    with pytest.raises(
-        TypeError, match=r"^KVCoordMap.coord: offset must be an int, not <class"
-    ):
-        m.coord(1.5)
-    with pytest.raises(TypeError, match=r"^KVCoordMap.offset: layer must be an int"):
-        m.offset("0", 0, 0)
-    assert m.offset(np.uint64(1), Index(2), np.int32(3)) == m.offset(1, 2, 3)
-
-
 # ------------------------------------------------------------- leak check
 
 N = 100_000
@@ -1452,60 +874,47 @@ def _rss_kib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def _loop(a, f, ids, k, miss):
-    for i in range(N):
-        a.allocate(i, 3)
-        a.grow(i, 1)
-        a.release(i)
+def _loop(f, ids):
+    for _ in range(N):
         r = f.take(1)
         f.add([r[0][0]])
         f.add(ids)
         f.remove(ids)
-        a.lookup(k)
+        (start, length), *_ = f.take(3, 4)
+        f.add_range(start, length)
+        f.add_range(0, f.take_after(-1, 2))
         with suppress(MemoryError):
-            a.allocate(i, 10**6)
-        with suppress(KeyError):
-            a.release(10**9)
+            f.take(10**6)
         with suppress(ValueError):
             f.add([0])  # already free
-        with suppress(KeyError):
-            a.acquire_cached(i, miss)  # cache miss
-        with suppress(ValueError):
-            a.cache(10**8, 0, [k[0], k[0]])  # duplicate key
         with suppress(ValueError):
             f.take_after(10**6, 1)  # block out of range
         with suppress(ValueError):
             f.add([2**64])  # id beyond uint64, named in the message
-        assert "x" not in a and "x" not in f
+        with suppress(ValueError):
+            f.remove([4000])  # not free
+        with suppress(TypeError):
+            f.add(["x"])
+        with suppress(ValueError):
+            f.take(2, 0)  # max_ranges < 1
+        assert "x" not in f
+        f.runs()
 
 
 def test_leak_no_growth_over_1e5_calls():
-    a = T.KVAllocator(4096)
-    a.allocate(10**8, 2)
-    k = keys("k", 2)
-    a.cache(10**8, 0, k)
-    miss = [b"nope"]
     f = T.FreeRuns(4096)
     f.add_range(0, 4000)
     ids = np.arange(4000, 4010, dtype=np.uint32)
-    objs = {
-        "a": a,
-        "f": f,
-        "ids": ids,
-        "k": k,
-        "k0": k[0],
-        "miss": miss,
-        "miss0": miss[0],
-    }
+    objs = {"f": f, "ids": ids}
 
-    _loop(a, f, ids, k, miss)  # warm-up: caches, free lists, interned ints
+    _loop(f, ids)  # warm-up: caches, free lists, interned ints
     gc.collect()
     refs = {n: sys.getrefcount(o) for n, o in objs.items()}
     rss0 = _rss_kib()
     tracemalloc.start()
     snap0 = tracemalloc.take_snapshot()
     mem0 = tracemalloc.get_traced_memory()[0]
-    _loop(a, f, ids, k, miss)
+    _loop(f, ids)
     gc.collect()
     mem1 = tracemalloc.get_traced_memory()[0]
     snap1 = tracemalloc.take_snapshot()
@@ -1525,41 +934,29 @@ def test_leak_no_growth_over_1e5_calls():
     assert grown < 64 * 1024, top
     if "asan" not in os.environ.get("LD_PRELOAD", ""):  # ASan's quarantine
         assert rss1 - rss0 < 2048
-    assert a.validate() and f.validate()
-    assert a.num_requests == 1
+    assert f.validate()
+    assert f.runs() == [(0, 4000)]
 
 
 def test_leak_returned_objects_have_one_reference():
-    a = T.KVAllocator(64)
-    a.allocate(1, 5)
     f = T.FreeRuns(64)
     f.add_range(0, 64)
-    m = T.KVCoordMap(1, 2, 3, 4)
 
     def refs(fn, *args):
         obj = fn(*args)
         return sys.getrefcount(obj)  # 2: the name + the argument
 
-    for fn, args in (
-        (a.ranges, (1,)),
-        (a.blocks, (1,)),
-        (a.stats, ()),
-        (f.take, (3,)),
-        (f.runs, ()),
-        (a.ranges_bytes, (1,)),
-        (m.coord, (5,)),
-        (repr, (a,)),
-    ):
+    for fn, args in ((f.take, (3,)), (f.runs, ()), (repr, (f,))):
         assert refs(fn, *args) == 2, fn
     # Computed outside `assert`: pytest's rewriting holds temporaries.
-    r = a.ranges(1)
-    n_item = sys.getrefcount(r[0])  # the list + the argument
     t = f.take(2)
-    n_take = sys.getrefcount(t[0])
+    n_take = sys.getrefcount(t[0])  # the list + the argument
+    r = f.runs()
+    n_run = sys.getrefcount(r[0])
     e = None
     try:
-        a.release(99)
-    except KeyError as exc:
+        f.take(10**6)
+    except MemoryError as exc:
         e = exc
     n_exc = sys.getrefcount(e)
-    assert (n_item, n_take, n_exc) == (2, 2, 2)
+    assert (n_take, n_run, n_exc) == (2, 2, 2)
