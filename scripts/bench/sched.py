@@ -13,7 +13,11 @@ contiguous runs each running request's block ids form.
 
 Workloads: `decode` (short prompts, long outputs), `prefill` (long prompts,
 short outputs, steady arrivals), each with or without prefix hits (half the
-prompts share one of 8 system prompts). N = 64, 256, 1024.
+prompts share one of 8 system prompts). N = 64, 256, 1024. `--prefix
+pressure` puts the prefix cache under pressure: 64 system prompts and a KV
+cache of PRESSURE_BLOCKS_PER_REQUEST blocks a running request, so cached
+prefixes are evicted before they come back and the eviction order decides
+the hit rate.
 
 `--variants` adds ablation variants (ablation.py), plugged in through the
 KV-cache manager plug-in point; with k variants the order is v1..vk vk..v1,
@@ -48,6 +52,12 @@ if "VLLM_MODEL_REDIRECT_PATH" not in os.environ:
     os.environ["VLLM_MODEL_REDIRECT_PATH"] = str(redirect_file(_out))
 
 BLOCK_SIZE = 16
+# Prefix modes: system prompts the prompts draw from (half of them carry one).
+PREFIX_SYSTEMS = {"off": 0, "on": 8, "pressure": 128}
+# KV blocks per running request under pressure: the running requests' own
+# blocks (prefill: ~2,300 prompt tokens on average) and about half as many
+# again for the prefix cache.
+PRESSURE_BLOCKS_PER_REQUEST = 0
 # Variant -> (--kv-cache-backend, kv_cache_manager_cls). Ablations run under
 # "paged" so that tagma's config does not name its own manager.
 VARIANTS = {
@@ -176,7 +186,7 @@ class KVTimer:
         return max(net, 0.0)
 
 
-def request_factory(workload: str, prefix: bool, seed: int):
+def request_factory(workload: str, prefix: str, seed: int):
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -185,7 +195,10 @@ def request_factory(workload: str, prefix: bool, seed: int):
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
     rng = random.Random(seed)
-    systems = [[rng.randrange(1, 30000) for _ in range(512)] for _ in range(8)]
+    num_systems = PREFIX_SYSTEMS[prefix]
+    systems = [
+        [rng.randrange(1, 30000) for _ in range(512)] for _ in range(num_systems)
+    ]
     counter = itertools.count()
 
     def make():
@@ -195,8 +208,8 @@ def request_factory(workload: str, prefix: bool, seed: int):
         else:
             prompt_len, max_tokens = rng.randint(1024, 3072), rng.randint(4, 32)
         tokens = [rng.randrange(1, 30000) for _ in range(prompt_len)]
-        if prefix and i % 2 == 0:
-            tokens = systems[i % len(systems)] + tokens
+        if systems and i % 2 == 0:
+            tokens = systems[(i // 2) % len(systems)] + tokens
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         return Request(
             request_id=f"r{i}",
@@ -237,13 +250,16 @@ def run_one(
     backend: str,
     n: int,
     workload: str,
-    prefix: bool,
+    prefix: str,
     steps: int,
     warmup: int,
     seed: int,
 ) -> dict:
     max_len = 4096
-    num_blocks = int(n * (3200 + 1100) / BLOCK_SIZE * 0.9) + 1024
+    if prefix == "pressure":
+        num_blocks = 28672
+    else:
+        num_blocks = int(n * (3200 + 1100) / BLOCK_SIZE * 0.9) + 1024
     scheduler = make_scheduler(backend, n, num_blocks, max_len)
     timer = KVTimer(scheduler.kv_cache_manager)
     make = request_factory(workload, prefix, seed)
@@ -291,6 +307,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2, help="ABBA blocks")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=("decode", "prefill"),
+        default=["decode", "prefill"],
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefix", nargs="+", choices=tuple(PREFIX_SYSTEMS), default=["off", "on"]
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--variants",
@@ -318,11 +341,9 @@ def main() -> int:
         parser.error(f"--variants: paged first, then of {list(VARIANTS)}")
     out = Path(args.out)
     rows = []
-    combos = [
-        (n, w, p) for n in args.n for w in ("decode", "prefill") for p in (False, True)
-    ]
+    combos = [(n, w, p) for n in args.n for w in args.workloads for p in args.prefix]
     for i, (n, workload, prefix) in enumerate(combos):
-        key = f"n={n}-workload={workload}-prefix={'on' if prefix else 'off'}"
+        key = f"n={n}-workload={workload}-prefix={prefix}"
         print(f"[{i + 1}/{len(combos)}] {key}", flush=True)
         data: dict[str, dict[str, list]] = {
             b: {"step": [], "kv": [], "runs": [], "kv_share": [], "hits": []}
@@ -398,7 +419,10 @@ def _variants(metrics: dict) -> list[str]:
 
 def _case_order(path: Path) -> tuple:
     params = json.loads(path.read_text())["params"]
-    return (params["n"], params["workload"], params["prefix"])
+    prefix = params["prefix"]  # a bool in results from before --prefix
+    if isinstance(prefix, bool):
+        prefix = "on" if prefix else "off"
+    return (params["n"], params["workload"], list(PREFIX_SYSTEMS).index(prefix))
 
 
 def print_table(rows) -> None:
@@ -438,6 +462,7 @@ def plot(out: Path, rows) -> None:
     labels = [
         k.replace("-workload=", " ")
         .replace("-prefix=on", " +prefix")
+        .replace("-prefix=pressure", " +prefix, pressure")
         .replace("-prefix=off", "")
         for k, _ in rows
     ]
