@@ -34,7 +34,7 @@ spec = importlib.util.spec_from_file_location("bench_sched", sys.argv[1])
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 s = bench.make_scheduler(sys.argv[2], 16, 4096, 4096)
-make = bench.request_factory("decode", False, 0)
+make = bench.request_factory("decode", "off", 0)
 for _ in range(16):
     s.add_request(make())
 import gc
