@@ -96,7 +96,7 @@ def _sharegpt(prompts: int) -> list[str]:
     ]
 
 
-def _prefix(prompts: int) -> list[str]:
+def _prefix(prompts: int, num_prefixes: int = 8) -> list[str]:
     return [
         "--dataset-name",
         "prefix_repetition",
@@ -105,7 +105,7 @@ def _prefix(prompts: int) -> list[str]:
         "--prefix-repetition-suffix-len",
         "512",
         "--prefix-repetition-num-prefixes",
-        "8",
+        str(num_prefixes),
         "--prefix-repetition-output-len",
         "256",
         "--num-prompts",
@@ -156,6 +156,20 @@ SUITES = {
             16384,
             TAIL,
             server_args=["--api-server-count", "4"],
+            gate_lens=(8, 512, 4608),
+        ),
+        # The steady state of a long-running server: a KV cache of 16,384
+        # blocks (262K tokens) under 64 shared prefixes of 4,096 tokens and
+        # the requests running on them, so the free pool is cached blocks and
+        # every placement evicts (the CPU bench's `--prefix pressure`,
+        # docs/ablation.md). Sized on paper; the first run's peak KV usage,
+        # preemptions and prefix hits say whether it needs retuning.
+        Suite(
+            "8b-pressure",
+            "llama-3.1-8b",
+            16384,
+            [Workload("prefix64-poisson", _prefix(512, 64) + _poisson(10))],
+            server_args=["--num-gpu-blocks-override", "16384"],
             gate_lens=(8, 512, 4608),
         ),
         Suite(
