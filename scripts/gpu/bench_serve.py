@@ -125,6 +125,9 @@ PREFIX = _prefix(128)
 # what the burst runs sustained on the H200 (8b-16k: ShareGPT 38 requests/s,
 # prefix 16 requests/s), long enough (~30 s, about 1,000 requests) for a
 # stable p99.
+# Greedy-gate prompt lengths for the 16K prefix suites: up to one whole
+# prefix-workload prompt (4,096 + 512).
+PREFIX_GATE = (8, 512, 4608)
 TAIL = [
     Workload("prefix", PREFIX),
     Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28)),
@@ -146,7 +149,7 @@ SUITES = {
             profile=Workload("profile-15k", _random(15000, 256, 8), warmups=0),
             gate_lens=(8, 64, 512, 2048, 8192, 15000),
         ),
-        Suite("8b-tail", "llama-3.1-8b", 16384, TAIL, gate_lens=(8, 512, 4608)),
+        Suite("8b-tail", "llama-3.1-8b", 16384, TAIL, gate_lens=PREFIX_GATE),
         # 8b-tail with four API servers: in its Poisson runs a single API
         # server holds requests back before the engine (docs/itl-tail.md),
         # so TTFT there is the front end's; this measures the engine's.
@@ -156,7 +159,7 @@ SUITES = {
             16384,
             TAIL,
             server_args=["--api-server-count", "4"],
-            gate_lens=(8, 512, 4608),
+            gate_lens=PREFIX_GATE,
         ),
         # The steady state of a long-running server: a KV cache of 16,384
         # blocks (262K tokens) under 64 shared prefixes of 4,096 tokens and
@@ -170,7 +173,7 @@ SUITES = {
             16384,
             [Workload("prefix64-poisson", _prefix(512, 64) + _poisson(10))],
             server_args=["--num-gpu-blocks-override", "16384"],
-            gate_lens=(8, 512, 4608),
+            gate_lens=PREFIX_GATE,
         ),
         Suite(
             "8b-128k",
