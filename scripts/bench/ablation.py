@@ -9,6 +9,11 @@ no switch for them:
 - `StockKVCacheManager`: upstream's `KVCacheManager` as released, without
   the series' held-slots answer in `allocate_slots` (the decode step that
   needs no new block), i.e. paged before that patch.
+- `CallEveryStepKVCacheManager`, `TagmaCallEveryStepKVCacheManager`: paged
+  and tagma with the held-slots answer in `allocate_slots` but no
+  `held_slots` entries, so the scheduler still calls `allocate_slots` for
+  every running request every step (the held-slots patch before its
+  scheduler hook).
 - `NoHeadroomKVCacheManager`: tagma without growth headroom.
 - `LruEvictionKVCacheManager`: tagma evicting as upstream's pool does: each
   allocation of n blocks first drops the hashes of the cached blocks among
@@ -24,6 +29,7 @@ import itertools
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.tagma_kv_cache_manager import TagmaBlockPool, TagmaKVCacheManager
+from vllm.v1.request import Request
 
 
 class StockKVCacheManager(KVCacheManager):
@@ -31,6 +37,17 @@ class StockKVCacheManager(KVCacheManager):
         super().__init__(*args, **kwargs)
         # allocate_slots then always takes the coordinator walk.
         self._held_slots_manager = None
+
+
+class CallEveryStepKVCacheManager(KVCacheManager):
+    def _note_held_slots(self, request: Request) -> None:
+        # No entry: the scheduler calls allocate_slots for every request.
+        return
+
+
+class TagmaCallEveryStepKVCacheManager(TagmaKVCacheManager):
+    def _note_held_slots(self, request: Request) -> None:
+        return
 
 
 class NoHeadroomBlockPool(TagmaBlockPool):

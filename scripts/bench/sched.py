@@ -65,6 +65,8 @@ VARIANTS = {
     "paged": ("paged", None),
     "tagma": ("tagma", None),
     "paged-stock": ("paged", "ablation.StockKVCacheManager"),
+    "paged-call-every-step": ("paged", "ablation.CallEveryStepKVCacheManager"),
+    "tagma-call-every-step": ("paged", "ablation.TagmaCallEveryStepKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
     "tagma-lru": ("paged", "ablation.LruEvictionKVCacheManager"),
 }

@@ -136,7 +136,9 @@ VARIANT_DUPLICATES = {
         "  with preemption and shared prefixes that end mid-block.\n"
         "- #42131 (open PR, decode fast path for scheduler and model runner):\n"
         "  complementary; it skips scheduler work for a stable decode batch,\n"
-        "  this makes each `allocate_slots` call that needs no block cheap."
+        "  this makes each `allocate_slots` call that needs no block cheap and\n"
+        "  leaves out the call on the decode steps that need no block and\n"
+        "  cache none (`KVCacheManager.held_slots`)."
     ),
 }
 
