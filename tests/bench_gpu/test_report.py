@@ -156,6 +156,7 @@ def test_gc_time_is_summed_over_the_main_run(tmp_path):
         ("serve-h200-0.26.0/8b-tail", ["."]),
         ("serve-h200-0.26.0/8b-128k", ["."]),
         ("serve-h200-0.26.0/8b-tail-abba", ["."]),
+        ("serve-h200-0.26.0/api4-abba", ["."]),
     ],
 )
 def test_published_reports_rebuild_from_their_run_json(name, passes, tmp_path):
