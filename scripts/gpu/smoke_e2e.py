@@ -17,7 +17,11 @@ Two phases, each paged then tagma:
   PREEMPT_BLOCKS blocks, too small for the batch (40 requests, 256 tokens
   each), so the scheduler preempts and resumes requests; the shared prefixes
   (700 and 333 tokens) end mid-block.
-  The phase fails unless both backends preempted at least once.
+  The phase fails unless both backends preempted at least once. Its engine
+  runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, both backends), so that
+  once both passes are done the tagma manager's validate() runs on the live
+  scheduler (every counter recomputed from the blocks, the scheduler's
+  deferred frees included) and its KV usage must be back to 0.
 """
 
 from __future__ import annotations
@@ -74,9 +78,26 @@ def num_preemptions(llm) -> int:
     )
 
 
+def idle_state(llm) -> dict:
+    """The in-process scheduler's KV state once idle: usage, and under tagma
+    whether validate() holds (the error it raised otherwise)."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    manager = scheduler.kv_cache_manager
+    state: dict = {"usage": manager.usage, "validate": None}
+    if hasattr(manager, "validate"):
+        deferred = [b for _, blocks in scheduler.deferred_frees for b in blocks]
+        try:
+            manager.validate(held_elsewhere=deferred)
+            state["validate"] = "ok"
+        except RuntimeError as e:
+            state["validate"] = str(e)
+    return state
+
+
 def generate(model: str, backend: str, phase: str, path: str) -> None:
     if phase == "preempt":
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -109,6 +130,7 @@ def generate(model: str, backend: str, phase: str, path: str) -> None:
         "backend": backend,
         "phase": phase,
         "preemptions": num_preemptions(llm) if phase == "preempt" else None,
+        "idle_state": idle_state(llm) if phase == "preempt" else None,
         "engine_init_s": round(init_s, 1),
         "first": [list(o.outputs[0].token_ids) for o in first],
         "second": [list(o.outputs[0].token_ids) for o in second],
@@ -153,6 +175,11 @@ def compare(paged: dict, tagma: dict) -> int:
         print(f"[preempt] preemptions paged {counts[0]}, tagma {counts[1]}")
         if min(counts) < 1:
             print("  the KV cache did not force preemption: the phase proves nothing")
+            same = False
+        state = tagma.get("idle_state") or {}
+        print(f"[preempt] tagma once idle: {state}; paged: {paged.get('idle_state')}")
+        if state.get("validate") != "ok" or state.get("usage") != 0.0:
+            print("  tagma's KV state is not clean once idle")
             same = False
     print(
         f"[{phase}] prompts: {n}; token ids equal paged vs tagma: {same}; "
