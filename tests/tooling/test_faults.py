@@ -41,6 +41,9 @@ DRIVER = textwrap.dedent(
     from tagma_fork import ops, rebase, trees, upstream
     from tagma_fork.errors import EXIT_INTERRUPTED
 
+    # A shell without job control starts background jobs with SIGINT
+    # ignored, and Python then installs no handler: restore Ctrl-C's.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = json.loads(pathlib.Path(sys.argv[1]).read_text())
     at, fault, count = cfg["at"], cfg["fault"], [0]
     write_count = pathlib.Path.write_text  # the driver's own, not counted
