@@ -80,16 +80,26 @@ def itl_dist(steps: list[dict]) -> list[float]:
     return [s["ms"] for s in steps for _ in range(s["decodes"])]
 
 
+# Steps with prefix hits needed to fit a per-hit-token cost; with fewer (a
+# workload without shared prefixes) the term would fit noise, so it is 0.
+MIN_HIT_STEPS = 10
+
+
 def fit(steps: list[dict]) -> list[float]:
     """Least squares: ms ~ a + b*prefill_tokens + c*decodes + d*hit_tokens."""
     import numpy as np
 
+    with_hits = sum(s["hit_tokens"] > 0 for s in steps) >= MIN_HIT_STEPS
     x = np.array(
-        [[1.0, s["prefill_tokens"], s["decodes"], s["hit_tokens"]] for s in steps]
+        [
+            [1.0, s["prefill_tokens"], s["decodes"]]
+            + ([s["hit_tokens"]] if with_hits else [])
+            for s in steps
+        ]
     )
     y = np.array([s["ms"] for s in steps])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return [float(c) for c in coef]
+    return [float(c) for c in coef] + ([] if with_hits else [0.0])
 
 
 def predict(coef: list[float], s: dict) -> float:

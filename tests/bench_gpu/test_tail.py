@@ -139,3 +139,27 @@ def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
     assert tagma_run["tokens_per_chunk"] == pytest.approx(1.0)
     assert tagma_run["engine_ttft_bound_ms"] == pytest.approx(160.0)
     assert tagma_run["client_ttft_above_bound"] == 1
+
+
+def test_a_few_stray_prefix_hits_get_no_cost_of_their_own() -> None:
+    # 2 ms per 1K prefill tokens; two steps also carry a few hit tokens and
+    # happen to run 6 ms long: too few to say what a hit token costs.
+    steps = [
+        {"ms": 5.0 + 0.002 * p, "prefill_tokens": p, "decodes": 100, "hit_tokens": 0}
+        for p in range(0, 8192, 256)
+    ]
+    steps += [
+        {"ms": 11.0 + 0.002 * p, "prefill_tokens": p, "decodes": 100, "hit_tokens": 37}
+        for p in (1024, 4096)
+    ]
+    coef = tail.fit(steps)
+    assert coef[3] == 0.0
+    assert coef[1] == pytest.approx(0.002, rel=0.1)
+    # With hits on enough steps, their cost is fitted.
+    steps = [
+        {"ms": 5.0 + 0.002 * p + 0.0005 * h, "prefill_tokens": p, "decodes": 100,
+         "hit_tokens": h}
+        for p in range(0, 8192, 256)
+        for h in (0, 4096)
+    ]  # fmt: skip
+    assert tail.fit(steps)[3] == pytest.approx(0.0005)
