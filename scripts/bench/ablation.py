@@ -14,6 +14,9 @@ no switch for them:
   `held_slots` entries, so the scheduler still calls `allocate_slots` for
   every running request every step (the held-slots patch before its
   scheduler hook).
+- `PyRunsKVCacheManager`: tagma on the pure-Python free-run index
+  (`vllm.tagma.free_runs`, the fallback where the extension cannot load)
+  instead of the C++ one: what the C++ engine contributes.
 - `NoHeadroomKVCacheManager`: tagma without growth headroom.
 - `LruEvictionKVCacheManager`: tagma evicting as upstream's pool does: each
   allocation of n blocks first drops the hashes of the cached blocks among
@@ -48,6 +51,21 @@ class CallEveryStepKVCacheManager(KVCacheManager):
 class TagmaCallEveryStepKVCacheManager(TagmaKVCacheManager):
     def _note_held_slots(self, request: Request) -> None:
         return
+
+
+class PyRunsBlockPool(TagmaBlockPool):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from vllm.tagma.free_runs import FreeRuns
+
+        # Replaced before the first allocation: the same runs, in Python.
+        self.free_runs = FreeRuns(self.num_gpu_blocks)
+        if self.num_gpu_blocks > 1:
+            self.free_runs.add_range(1, self.num_gpu_blocks - 1)
+
+
+class PyRunsKVCacheManager(TagmaKVCacheManager):
+    block_pool_cls = PyRunsBlockPool
 
 
 class NoHeadroomBlockPool(TagmaBlockPool):

@@ -67,6 +67,7 @@ VARIANTS = {
     "paged-stock": ("paged", "ablation.StockKVCacheManager"),
     "paged-call-every-step": ("paged", "ablation.CallEveryStepKVCacheManager"),
     "tagma-call-every-step": ("paged", "ablation.TagmaCallEveryStepKVCacheManager"),
+    "tagma-pyruns": ("paged", "ablation.PyRunsKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
     "tagma-lru": ("paged", "ablation.LruEvictionKVCacheManager"),
 }
