@@ -42,15 +42,18 @@ class StockKVCacheManager(KVCacheManager):
         self._held_slots_manager = None
 
 
-class CallEveryStepKVCacheManager(KVCacheManager):
+class _CallEveryStep:
     def _note_held_slots(self, request: Request) -> None:
         # No entry: the scheduler calls allocate_slots for every request.
         return
 
 
-class TagmaCallEveryStepKVCacheManager(TagmaKVCacheManager):
-    def _note_held_slots(self, request: Request) -> None:
-        return
+class CallEveryStepKVCacheManager(_CallEveryStep, KVCacheManager):
+    pass
+
+
+class TagmaCallEveryStepKVCacheManager(_CallEveryStep, TagmaKVCacheManager):
+    pass
 
 
 class PyRunsBlockPool(TagmaBlockPool):
