@@ -4,13 +4,16 @@
 throughput`.
 
 It speaks just enough of the server's HTTP surface (/health, /metrics,
-/v1/completions with token ids, /start_profile, /stop_profile) and writes a
-bench serve result file, so the benchmark harness runs on a machine without
-a GPU. FAKE_VLLM_DIE_AFTER=N makes the server exit after N completions;
-FAKE_VLLM_TAGMA_DIFFERS=1 makes tagma's greedy ids differ. `bench throughput`
-prints and writes what the real one does, at 1,000 output tokens/s per
-backend argument's length (so variants differ) or fails with
-FAKE_VLLM_THROUGHPUT_FAIL=1.
+/v1/completions with token ids, streamed or not, /start_profile,
+/stop_profile, /reset_prefix_cache) and writes a bench serve result file, so
+the benchmark and soak harnesses run on a machine without a GPU.
+FAKE_VLLM_DIE_AFTER=N makes the server exit after N completions;
+FAKE_VLLM_TAGMA_DIFFERS=1 makes tagma's greedy ids differ;
+FAKE_VLLM_RESET_FAILS=1 makes /reset_prefix_cache answer 500 (a broken
+invariant); FAKE_VLLM_SHORT_STREAM=1 drops the last token of n=1 streams.
+`bench throughput` prints and writes what the real one does, at 1,000
+output tokens/s per backend argument's length (so variants differ) or fails
+with FAKE_VLLM_THROUGHPUT_FAIL=1.
 """
 
 import argparse
@@ -18,6 +21,8 @@ import gzip
 import json
 import os
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -30,7 +35,8 @@ def serve(argv):
     p.add_argument("--profiler-config")
     args, _ = p.parse_known_args(argv)
     prof = json.loads(args.profiler_config or "{}")
-    state = {"completions": 0, "preempt": 0}
+    state = {"completions": 0, "preempt": 0, "streams": 0, "open": 0, "hits": 0}
+    lock = threading.Lock()
     die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
     print("GPU KV cache size: 1,234,560 tokens", flush=True)
     print("Maximum concurrency for 16,384 tokens per request: 75.35x", flush=True)
@@ -52,12 +58,19 @@ def serve(argv):
                 return self.reply(200, "")
             if self.path == "/metrics":
                 state["preempt"] += 1 if args.kv_cache_backend == "paged" else 0
+                # 0.42 until a stream has run (bench serve's fixed peak), then
+                # the share of streams open (the soak's idle check).
+                usage = state["open"] / 10 if state["streams"] else 0.42
                 return self.reply(
                     200,
                     (
                         "# HELP vllm:kv_cache_usage_perc usage\n"
-                        'vllm:kv_cache_usage_perc{engine="0"} 0.42\n'
+                        f'vllm:kv_cache_usage_perc{{engine="0"}} {usage}\n'
                         f'vllm:num_preemptions_total{{engine="0"}} {state["preempt"]}\n'
+                        f'vllm:num_preemptions_created{{engine="0"}} 1.7e9\n'
+                        f'vllm:num_requests_running{{engine="0"}} {state["open"]}\n'
+                        'vllm:num_requests_waiting{engine="0"} 0\n'
+                        f'vllm:prefix_cache_hits_total{{engine="0"}} {state["hits"]}\n'
                     ),
                     "text/plain",
                 )
@@ -66,6 +79,12 @@ def serve(argv):
         def do_POST(self):
             n = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(n) or b"{}")
+            if self.path == "/v1/completions" and body.get("stream"):
+                return self.stream(body)
+            if self.path == "/reset_prefix_cache":
+                if os.environ.get("FAKE_VLLM_RESET_FAILS"):
+                    return self.reply(500, '{"error": "tagma: block 7 has ref_cnt 1"}')
+                return self.reply(200, json.dumps({"success": state["open"] == 0}))
             if self.path == "/v1/completions":
                 state["completions"] += 1
                 shift = (
@@ -134,6 +153,35 @@ def serve(argv):
                     json.dump({"traceEvents": ev}, f)
                 return self.reply(200, "")
             self.reply(404, "")
+
+        def stream(self, body):
+            with lock:
+                state["streams"] += 1
+                state["open"] += 1
+                state["hits"] += len(body["prompt"]) > 100
+                state["preempt"] += state["streams"] % 7 == 0
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                n, tokens = body.get("n", 1), body["max_tokens"]
+                sent = tokens * n
+                if n == 1 and os.environ.get("FAKE_VLLM_SHORT_STREAM"):
+                    sent -= 1
+                for i in range(sent):
+                    chunk = {"choices": [{"index": i % n, "text": "x"}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(0.0005)
+                usage = {"choices": [], "usage": {"completion_tokens": sent}}
+                self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away: the real server aborts the request
+            finally:
+                with lock:
+                    state["open"] -= 1
 
     ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
 
