@@ -42,7 +42,7 @@ export TAGMA_BUILD := $(abspath $(BUILD))
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
         test-conformance test-engine test-bindings bench-host bench-sched bench-construct format-check \
-        bundle bench-gpu bench-offline test-bench-gpu prereqs check-pins lint pins
+        bundle bench-gpu bench-offline soak-gpu test-bench-gpu prereqs check-pins lint pins
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -160,6 +160,11 @@ bench-gpu: ## on the GPU host: paged vs tagma serve benchmark, ABBA (needs build
 BENCH_OFFLINE_OUT ?= $(BUILD)/results/bench-offline
 bench-offline: ## on the GPU host: offline engine throughput (vllm bench throughput, 1B host-bound), paged-stock/paged/tagma mirrored (needs build/bundle; BENCH_GPU_ARGS)
 	python3 scripts/gpu/offline.py --bundle $(BUILD)/bundle --out $(BENCH_OFFLINE_OUT) $(BENCH_GPU_ARGS)
+
+SOAK_ARGS ?=
+SOAK_OUT ?= $(BUILD)/results/soak
+soak-gpu: ## on the GPU host: tagma under vllm serve, 8 min of arrivals with drops and preemption, then idle: usage 0 and validate() (needs build/bundle; SOAK_ARGS)
+	python3 scripts/gpu/soak.py --bundle $(BUILD)/bundle --out $(SOAK_OUT) $(SOAK_ARGS)
 
 test-bench-gpu: ## the GPU benchmark's harness on CPU: bundle checks, ABBA, gate, profile, report, scheduler hook (needs build-fork)
 	$(PY) -m pytest -q -p no:cacheprovider tests/bench_gpu

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run `make bench-gpu` (or DETACH_TARGET=bench-offline) detached, for hosts
-# whose remote commands have a time limit shorter than the benchmark (the
+# Run `make bench-gpu` (or DETACH_TARGET=bench-offline, soak-gpu) detached, for
+# hosts whose remote commands have a time limit shorter than the benchmark (the
 # whole set takes 30+ minutes).
 #
 #   bash scripts/gpu/detach.sh start [BENCH_GPU_ARGS...]   # returns at once
@@ -28,7 +28,8 @@ case ${1:-} in
     PYTHONUNBUFFERED=1 OUT_DIR="$dir/results" BENCH_GPU_ARGS="$*" DIR="$dir" \
       TARGET="$target" setsid nohup bash -c 'make "$TARGET" \
         BENCH_GPU_OUT="$OUT_DIR" BENCH_OFFLINE_OUT="$OUT_DIR" \
-        BENCH_GPU_ARGS="$BENCH_GPU_ARGS"; echo $? >"$DIR/rc"' \
+        SOAK_OUT="$OUT_DIR" BENCH_GPU_ARGS="$BENCH_GPU_ARGS" \
+        SOAK_ARGS="$BENCH_GPU_ARGS"; echo $? >"$DIR/rc"' \
       >"$dir/bench.log" 2>&1 </dev/null &
     echo "started, log $dir/bench.log"
     ;;

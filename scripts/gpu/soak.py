@@ -276,17 +276,17 @@ def log_errors(log_text: str) -> list[str]:
 def verdict(result: dict, seconds: float) -> list[str]:
     """What failed, in words; empty when the soak passed."""
     fails = []
-    outcomes = result["outcomes"]
-    if any(o is None for o in outcomes):
+    pairs = list(zip(result["requests"], result["outcomes"], strict=True))
+    if any(o is None for _, o in pairs):
         fails.append("a request has no outcome")
-    outcomes = [o for o in outcomes if o is not None]
+    pairs = [(r, o) for r, o in pairs if o is not None]
+    outcomes = [o for _, o in pairs]
     errors = [o for o in outcomes if o["status"] == "error"]
     if errors:
         fails.append(f"{len(errors)} requests failed, first: {errors[0]['error']}")
-    by_id = zip(result["requests"], outcomes, strict=True)
     short = [
         (r["max_tokens"] * r["n"], o["completion_tokens"])
-        for r, o in by_id
+        for r, o in pairs
         if o["status"] == "completed"
         and o["completion_tokens"] != r["max_tokens"] * r["n"]
     ]
