@@ -3,11 +3,12 @@
 """`make soak-gpu`: one `vllm serve` under load for minutes, then checked idle.
 
     python3 scripts/gpu/soak.py --bundle build/bundle --out DIR
-        [--backend tagma] [--seconds 480] [--rate 8] [--blocks 1024]
+        [--backend tagma] [--seconds 480] [--rate 10] [--blocks 384]
 
 Starts `vllm serve --kv-cache-backend tagma` on the 1B model (dummy weights)
 with a KV cache of --blocks blocks, too small for the load, and the
-development endpoints on. Requests arrive as a Poisson process for --seconds:
+development endpoints on. Requests arrive as a Poisson process for --seconds
+of wall time:
 most behind one of eight shared prefixes whose lengths end mid-block, some
 with n=2 (blocks shared inside a request), a quarter of them dropped by the
 client mid-stream (the server aborts them). At most --max-inflight are open
@@ -107,7 +108,9 @@ def run_request(url: str, model: str, req: Req) -> Outcome:
         "prompt": req.prompt,
         "max_tokens": req.max_tokens,
         "n": req.n,
-        "temperature": 0.0,
+        # Greedy takes n=1 only: the n=2 requests sample, seeded.
+        "temperature": 0.0 if req.n == 1 else 1.0,
+        "seed": len(req.prompt),
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -179,8 +182,12 @@ def sample(url: str) -> dict[str, float]:
     return {k: m.get(name, 0.0) for k, name in METRICS.items()}
 
 
-def soak(url: str, model: str, reqs: list[Req], max_inflight: int) -> dict:
-    """Sends reqs on their arrival times; returns outcomes and the timeline."""
+def soak(
+    url: str, model: str, reqs: list[Req], max_inflight: int, seconds: float
+) -> dict:
+    """Sends reqs on their arrival times, for `seconds` of wall time (a
+    server that falls behind keeps slots busy and delays arrivals; what is
+    left at the end is not sent); returns outcomes and the timeline."""
     outcomes: list[Outcome | None] = [None] * len(reqs)
     slots = threading.BoundedSemaphore(max_inflight)
     inflight = [0]
@@ -212,21 +219,25 @@ def soak(url: str, model: str, reqs: list[Req], max_inflight: int) -> dict:
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     threads = []
-    last_report = 0.0
+    last_report = sent_at = 0.0
     for i, req in enumerate(reqs):
         time.sleep(max(0.0, t0 + req.at - time.monotonic()))
         asked = time.monotonic()
+        if asked - t0 >= seconds:
+            break
         slots.acquire()
+        sent_at = time.monotonic() - t0
         with lock:
             inflight[0] += 1
         t = threading.Thread(target=one, args=(i, time.monotonic() - asked))
         t.start()
         threads.append(t)
-        if req.at - last_report >= 60:
-            last_report = req.at
+        if sent_at - last_report >= 60:
+            last_report = sent_at
             done = [o for o in outcomes if o is not None]
             bench_serve.log(
-                f"soak {req.at:.0f} s: {i + 1} sent, {len(done)} done, "
+                f"soak {sent_at:.0f} s: {i + 1} sent (planned for "
+                f"{req.at:.0f} s), {len(done)} done, "
                 f"{sum(o.status == 'error' for o in done)} errors, "
                 f"last sample {timeline[-1] if timeline else {}}"
             )
@@ -235,9 +246,13 @@ def soak(url: str, model: str, reqs: list[Req], max_inflight: int) -> dict:
     stop.set()
     watcher.join()
     return {
-        "arrivals_s": round(reqs[-1].at if reqs else 0.0, 1),
+        "arrivals_s": round(sent_at, 1),
+        "sent": len(threads),
         "wall_s": round(time.monotonic() - t0, 1),
-        "outcomes": [asdict(o) if o else None for o in outcomes],
+        "outcomes": [
+            asdict(o) if o else None if i < len(threads) else asdict(Outcome("unsent"))
+            for i, o in enumerate(outcomes)
+        ],
         "timeline": timeline,
     }
 
@@ -362,8 +377,8 @@ def main() -> int:
     ap.add_argument("--dest", default="/tmp/tagma-bench")
     ap.add_argument("--backend", default="tagma", choices=("paged", "tagma"))
     ap.add_argument("--seconds", type=float, default=480.0)
-    ap.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
-    ap.add_argument("--blocks", type=int, default=1024, help="KV-cache blocks")
+    ap.add_argument("--rate", type=float, default=10.0, help="arrivals per second")
+    ap.add_argument("--blocks", type=int, default=384, help="KV-cache blocks")
     ap.add_argument("--max-inflight", type=int, default=64)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--plot", action="store_true", help="only draw DIR/soak.png")
@@ -446,7 +461,7 @@ def main() -> int:
                 f"server ready in {time.monotonic() - started:.0f} s; "
                 f"{len(reqs)} requests over {a.seconds:.0f} s"
             )
-            result = soak(url, str(model_dir), reqs, a.max_inflight)
+            result = soak(url, str(model_dir), reqs, a.max_inflight, a.seconds)
             result["idle"] = wait_idle(url, 120)
             result["reset"] = reset_prefix_cache(url)
             # The gauges are published per engine step: one short request
@@ -479,7 +494,7 @@ def main() -> int:
         stack=(paths["site"] / "TAGMA_STACK").read_text().split(),
         counts={
             k: sum(o is not None and o["status"] == k for o in result["outcomes"])
-            for k in ("completed", "cancelled", "error")
+            for k in ("completed", "cancelled", "error", "unsent")
         },
     )
     result["fails"] = verdict(result, a.seconds)

@@ -104,11 +104,12 @@ def test_soak_passes_against_a_server_that_keeps_its_promises(fake_bundle, tmp_p
     assert result["fails"] == []
     c = result["counts"]
     assert c["completed"] > 0 and c["cancelled"] > 0 and c["error"] == 0
-    assert c["completed"] + c["cancelled"] == len(result["requests"])
+    assert c["completed"] + c["cancelled"] + c["unsent"] == len(result["requests"])
+    assert c["unsent"] <= 1  # the fake keeps up: at most the one past the end
     assert result["reset"] == {"http_status": 200, "body": '{"success": true}'}
     assert result["after_probe"]["usage"] == 0
     assert "--kv-cache-backend tagma" in (out / "server.cmd").read_text()
-    assert "--num-gpu-blocks-override 1024" in (out / "server.cmd").read_text()
+    assert "--num-gpu-blocks-override 384" in (out / "server.cmd").read_text()
     # The client dropped cancelled streams after exactly that many chunks.
     for req, o in zip(result["requests"], result["outcomes"], strict=True):
         if o["status"] == "cancelled":

@@ -79,6 +79,10 @@ def serve(argv):
         def do_POST(self):
             n = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(n) or b"{}")
+            if body.get("n", 1) > 1 and body.get("temperature") == 0:
+                # As vLLM's request validation.
+                msg = "n must be 1 when using greedy sampling"
+                return self.reply(400, json.dumps({"error": {"message": msg}}))
             if self.path == "/v1/completions" and body.get("stream"):
                 return self.stream(body)
             if self.path == "/reset_prefix_cache":
