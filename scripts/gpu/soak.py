@@ -71,7 +71,7 @@ PROBE = Req(0.0, list(range(1, 40)), 4, 1, None)
 def plan(seconds: float, rate: float, seed: int = 0) -> list[Req]:
     """The soak's requests, fixed by the seed."""
     rng = random.Random(seed)
-    prefixes = []
+    prefixes: list[list[int]] = []
     while len(prefixes) < 8:
         length = rng.randrange(200, 1500)
         if length % BLOCK_SIZE:  # hits end mid-block
@@ -98,11 +98,17 @@ class Outcome:
     waited_s: float = 0.0  # for a free slot (--max-inflight)
 
 
+def _connect(url: str, timeout: float) -> http.client.HTTPConnection:
+    u = urlsplit(url)
+    return http.client.HTTPConnection(
+        u.hostname or "127.0.0.1", u.port, timeout=timeout
+    )
+
+
 def run_request(url: str, model: str, req: Req) -> Outcome:
     """One streamed completion; drops the connection after req.cancel_after
     chunks, as a client that goes away does."""
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    conn = _connect(url, timeout=600)
     body = {
         "model": model,
         "prompt": req.prompt,
@@ -268,8 +274,7 @@ def wait_idle(url: str, timeout: float) -> dict:
 
 
 def reset_prefix_cache(url: str) -> dict:
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn = _connect(url, timeout=300)
     try:
         conn.request("POST", "/reset_prefix_cache")
         resp = conn.getresponse()
