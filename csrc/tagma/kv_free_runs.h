@@ -11,13 +11,11 @@
 //             \_ 3 at 2 _/  1 at 7    \_ 4 at 10 _/
 //
 //   runs_   : start -> length       {2: 3, 7: 1, 10: 4}   neighbours,
-//   coalescing by_fit_ : (usable, start)       {(1, 7), (3, 2), (4, 10)}   best
+//   coalescing by_fit_ : (length, start)       {(1, 7), (3, 2), (4, 10)}   best
 //   fit
 //
-// usable(run) is how many blocks one range can take from the run: from the
-// first multiple of the alignment in it, a multiple of the alignment long
-// (with alignment 1, the run's length). by_fit_.lower_bound({k, 0}) is then
-// the smallest run that surely holds k, lowest address on ties.
+// by_fit_.lower_bound({k, 0}) is the smallest run that holds k, lowest
+// address on ties.
 //
 // Why best fit: in a serving trace (64K blocks, prompts of 1..256 blocks,
 // decode growth) it had the smallest tail of ranges per request (p99, max)
@@ -31,11 +29,11 @@
 // Invariants (validate() recomputes each from the runs):
 //   1. Runs are non-empty, inside [0, num_blocks), ordered, and coalesced:
 //      two runs never touch (there is a non-free block between any two).
-//   2. by_fit_ holds (usable, start) for exactly the runs with usable > 0.
+//   2. by_fit_ holds (length, start) for exactly the runs.
 //   3. num_free() == the sum of the run lengths.
 //
 // Two layers:
-//   * checked (add, add_range, remove, remove_range, take_after, take):
+//   * checked (add, add_range, take_after, take):
 //     every argument is checked; a Status; a failing call changes nothing.
 //   * unchecked primitives (put, cut, pick, plan), which the checked layer
 //     is built from: preconditions are the caller's (the tests break them
@@ -68,22 +66,17 @@ class FreeRuns {
   // No blocks; every call returns kBadConfig.
   FreeRuns() = default;
 
-  // Starts EMPTY: no block is free until add() or add_range(). Invalid
-  // arguments (num_blocks outside [1, kMaxBlocks], alignment outside
-  // [1, num_blocks]) give the default object; check config_status().
-  explicit FreeRuns(int64_t num_blocks, int64_t alignment = 1) {
-    if (num_blocks < 1 || num_blocks > kMaxBlocks || alignment < 1 ||
-        alignment > num_blocks) {
-      return;
-    }
+  // Starts EMPTY: no block is free until add() or add_range(). num_blocks
+  // outside [1, kMaxBlocks] gives the default object; check
+  // config_status().
+  explicit FreeRuns(int64_t num_blocks) {
+    if (num_blocks < 1 || num_blocks > kMaxBlocks) return;
     config_ = Status::kOk;
     n_ = static_cast<uint32_t>(num_blocks);
-    align_ = static_cast<uint32_t>(alignment);
   }
 
   Status config_status() const { return config_; }
   uint32_t num_blocks() const { return n_; }
-  uint32_t alignment() const { return align_; }
 
   // ----------------------------------------------------------------- checked
 
@@ -123,37 +116,9 @@ class FreeRuns {
     return Status::kOk;
   }
 
-  // Marks specific free blocks not free, splitting runs. Fails with nothing
-  // changed if an id is out of range, not free (kNotFree) or given twice.
-  Status remove(const uint32_t* ids, size_t n, int64_t* bad = nullptr) {
-    Status s = sort_ids(ids, n, bad);
-    if (s != Status::kOk) return s;
-    s = for_each_group(
-        [&](uint32_t g, uint32_t l) { return check_free(g, l, bad); });
-    if (s != Status::kOk) return s;
-    return for_each_group([&](uint32_t g, uint32_t l) {
-      cut(g, l);
-      return Status::kOk;
-    });
-  }
-  Status remove(const std::vector<uint32_t>& ids) {
-    return remove(ids.data(), ids.size());
-  }
-
-  // Marks [start, start + length) not free; all of it must be free.
-  Status remove_range(int64_t start, int64_t length, int64_t* bad = nullptr) {
-    Status s = check_range(start, length);
-    if (s != Status::kOk) return s;
-    s = check_free(static_cast<uint32_t>(start), static_cast<uint32_t>(length),
-                   bad);
-    if (s != Status::kOk) return s;
-    cut(static_cast<uint32_t>(start), static_cast<uint32_t>(length));
-    return Status::kOk;
-  }
-
-  // Takes up to n free blocks from block + 1 on, as far as they are free
-  // (rounded down to the alignment): a range growing in place. Returns how
-  // many were taken; 0 when block + 1 is not free or not a block, or n <= 0.
+  // Takes up to n free blocks from block + 1 on, as far as they are free:
+  // a range growing in place. Returns how many were taken; 0 when block + 1
+  // is not free or not a block, or n <= 0.
   int64_t take_after(int64_t block, int64_t n) {
     if (config_ != Status::kOk || n <= 0 || block < -1 ||
         block + 1 >= static_cast<int64_t>(n_)) {
@@ -165,9 +130,9 @@ class FreeRuns {
     --it;
     const uint32_t end = it->first + it->second;
     if (end <= b) return 0;
-    const uint32_t k = align_down(static_cast<uint32_t>(
-        std::min<int64_t>(n, static_cast<int64_t>(end - b))));
-    if (k > 0) carve(it, b, k);
+    const uint32_t k = static_cast<uint32_t>(
+        std::min<int64_t>(n, static_cast<int64_t>(end - b)));
+    carve(it, b, k);
     return k;
   }
 
@@ -176,7 +141,7 @@ class FreeRuns {
   // largest runs first, the last piece the best fit for what is left.
   // *out = the ranges (start, length) in that order. Errors, nothing
   // changed and *out untouched: kZeroCount, kInvalidArgument (n < 0,
-  // max_ranges < 1, null out), kMisaligned, kOutOfMemory (fewer than n
+  // max_ranges < 1, null out), kOutOfMemory (fewer than n
   // blocks can be taken), kTooManyRanges (more than max_ranges needed).
   Status take(int64_t n, int64_t max_ranges, std::vector<Run>* out) {
     if (config_ != Status::kOk) return config_;
@@ -184,7 +149,6 @@ class FreeRuns {
       return Status::kInvalidArgument;
     }
     if (n == 0) return Status::kZeroCount;
-    if (n % align_ != 0) return Status::kMisaligned;
     if (n > static_cast<int64_t>(free_)) return Status::kOutOfMemory;
     const uint32_t k = static_cast<uint32_t>(n);
     if (largest_run() >= k) {
@@ -205,26 +169,13 @@ class FreeRuns {
   // ------------------------------------------------------------- inspection
 
   uint64_t num_free() const { return free_; }
-  // The most blocks one range can take (usable, see above); with
-  // alignment 1 the longest run.
+  // The most blocks one range can take: the longest run.
   uint32_t largest_run() const {
     return by_fit_.empty() ? 0 : by_fit_.rbegin()->first;
   }
   size_t num_runs() const { return runs_.size(); }
   // (start, length) by address. O(runs).
   std::vector<Run> runs() const { return {runs_.begin(), runs_.end()}; }
-  bool contains(int64_t block) const {
-    if (block < 0 || block >= static_cast<int64_t>(n_)) return false;
-    auto it = runs_.upper_bound(static_cast<uint32_t>(block));
-    if (it == runs_.begin()) return false;
-    --it;
-    return static_cast<int64_t>(it->first) + it->second > block;
-  }
-  // Length of the free run that starts exactly at `start`, else 0.
-  uint32_t run_at(uint32_t start) const {
-    auto it = runs_.find(start);
-    return it == runs_.end() ? 0 : it->second;
-  }
 
   // Recomputes the invariants, O(runs log runs); false at the first failure
   // (printed to stderr when verbose).
@@ -243,23 +194,19 @@ class FreeRuns {
       TAGMA_CHECK(n_ == 0 && runs_.empty() && by_fit_.empty() && free_ == 0);
       return true;
     }
-    uint64_t in_runs = 0, fits = 0;
+    uint64_t in_runs = 0;
     int64_t prev_end = -1;
     for (const auto& run : runs_) {
       const uint32_t s = run.first, l = run.second;
       TAGMA_CHECK(l > 0);                               // 1
       TAGMA_CHECK(static_cast<uint64_t>(s) + l <= n_);  // 1
       TAGMA_CHECK(static_cast<int64_t>(s) > prev_end);  // 1: ordered, apart
-      const uint32_t u = usable(s, l);
-      if (u > 0) {
-        ++fits;
-        TAGMA_CHECK(by_fit_.count({u, s}) == 1);  // 2
-      }
+      TAGMA_CHECK(by_fit_.count({l, s}) == 1);          // 2
       in_runs += l;
       prev_end = static_cast<int64_t>(s) + l;
     }
-    TAGMA_CHECK(fits == by_fit_.size());  // 2: nothing else
-    TAGMA_CHECK(in_runs == free_);        // 3
+    TAGMA_CHECK(runs_.size() == by_fit_.size());  // 2: nothing else
+    TAGMA_CHECK(in_runs == free_);                // 3
     return true;
 #undef TAGMA_CHECK
   }
@@ -294,10 +241,10 @@ class FreeRuns {
     carve(std::prev(runs_.upper_bound(at)), at, l);
   }
 
-  // Aligned start of the best-fit range of k blocks (the smallest run that
-  // holds k, lowest address on ties); requires largest_run() >= k.
+  // Start of the best-fit range of k blocks (the smallest run that holds
+  // k, lowest address on ties); requires largest_run() >= k.
   uint32_t pick(uint32_t k) const {
-    return align_up(by_fit_.lower_bound({k, 0})->second);
+    return by_fit_.lower_bound({k, 0})->second;
   }
 
   // The multi-range placement of k blocks into *out (replaced): the largest
@@ -310,10 +257,10 @@ class FreeRuns {
     for (auto f = by_fit_.rbegin(); f != by_fit_.rend() && left > 0; ++f) {
       if (f->first >= left) {
         const uint32_t s = by_fit_.lower_bound({left, 0})->second;
-        out->emplace_back(align_up(s), left);
+        out->emplace_back(s, left);
         return true;
       }
-      out->emplace_back(align_up(f->second), f->first);
+      out->emplace_back(f->second, f->first);
       left -= f->first;
     }
     return left == 0;
@@ -347,19 +294,6 @@ class FreeRuns {
     }
     if (it != runs_.end() && it->first < e) return it->first;
     return -1;
-  }
-
-  // Every block of [g, g + l) free, i.e. inside one run (runs are maximal).
-  Status check_free(uint32_t g, uint32_t l, int64_t* bad) const {
-    auto it = runs_.upper_bound(g);
-    if (it == runs_.begin()) return fail(Status::kNotFree, g, bad);
-    --it;
-    const uint64_t end = static_cast<uint64_t>(it->first) + it->second;
-    if (end <= g) return fail(Status::kNotFree, g, bad);
-    if (end < static_cast<uint64_t>(g) + l) {
-      return fail(Status::kNotFree, static_cast<int64_t>(end), bad);
-    }
-    return Status::kOk;
   }
 
   // scratch_ = the ids, sorted; checks the range and duplicates.
@@ -399,45 +333,23 @@ class FreeRuns {
     return Status::kOk;
   }
 
-  uint32_t align_up(uint32_t x) const {
-    if (align_ == 1) return x;
-    const uint64_t a = (static_cast<uint64_t>(x) + align_ - 1) / align_;
-    return static_cast<uint32_t>(std::min<uint64_t>(a * align_, n_));
-  }
-  uint32_t align_down(uint32_t x) const {
-    return align_ == 1 ? x : x - x % align_;
-  }
-  uint32_t usable(uint32_t s, uint32_t l) const {
-    const uint32_t a = align_up(s);
-    return a >= s + l ? 0 : align_down(s + l - a);
-  }
-
   void run_insert(uint32_t s, uint32_t l) {
     runs_.emplace(s, l);
-    const uint32_t u = usable(s, l);
-    if (u > 0) by_fit_.emplace(u, s);
+    by_fit_.emplace(l, s);
   }
   RunMap::iterator run_erase(RunMap::iterator it) {
-    const uint32_t u = usable(it->first, it->second);
-    if (u > 0) by_fit_.erase({u, it->first});
+    by_fit_.erase({it->second, it->first});
     return runs_.erase(it);
   }
 
   // Gives a run a new extent. The tree nodes are re-keyed through
   // extract/insert, so shrinking or growing a run never allocates.
   void run_move(RunMap::iterator it, uint32_t ns, uint32_t nl) {
-    const uint32_t os = it->first, ou = usable(os, it->second);
-    const uint32_t nu = usable(ns, nl);
-    if (ou != nu || os != ns) {
-      if (ou > 0) {
-        auto node = by_fit_.extract({ou, os});
-        if (nu > 0) {
-          node.value() = {nu, ns};
-          by_fit_.insert(std::move(node));
-        }
-      } else if (nu > 0) {
-        by_fit_.emplace(nu, ns);
-      }
+    const uint32_t os = it->first, ol = it->second;
+    if (ol != nl || os != ns) {
+      auto node = by_fit_.extract({ol, os});
+      node.value() = {nl, ns};
+      by_fit_.insert(std::move(node));
     }
     if (ns == os) {
       it->second = nl;
@@ -465,7 +377,6 @@ class FreeRuns {
 
   Status config_ = Status::kBadConfig;
   uint32_t n_ = 0;
-  uint32_t align_ = 1;
   uint64_t free_ = 0;
   RunMap runs_;
   std::set<std::pair<uint32_t, uint32_t>> by_fit_;

@@ -19,14 +19,12 @@ enum class Status : int32_t {
   kOk = 0,
   kOutOfMemory,      // fewer free blocks than asked for
   kZeroCount,        // count == 0
-  kMisaligned,       // count is not a multiple of the alignment
   kTooManyRanges,    // take(): more than max_ranges ranges needed
   kInvalidArgument,  // negative count, null pointer with n > 0, ...
   kOutOfRange,       // block beyond num_blocks
   kBadConfig,        // the constructor arguments were invalid
   kAlreadyFree,      // add(): the block is free already
-  kNotFree,          // remove(): the block is not free
-  kDuplicateBlock,   // add()/remove(): the same block twice
+  kDuplicateBlock,   // add(): the same block twice
   kLast = kDuplicateBlock,
 };
 
@@ -38,8 +36,6 @@ inline const char* status_str(Status s) {
       return "out of memory";
     case Status::kZeroCount:
       return "zero count";
-    case Status::kMisaligned:
-      return "count not a multiple of the alignment";
     case Status::kTooManyRanges:
       return "too many ranges";
     case Status::kInvalidArgument:
@@ -50,8 +46,6 @@ inline const char* status_str(Status s) {
       return "invalid configuration";
     case Status::kAlreadyFree:
       return "block already free";
-    case Status::kNotFree:
-      return "block not free";
     case Status::kDuplicateBlock:
       return "the same block twice";
   }

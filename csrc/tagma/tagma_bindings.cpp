@@ -7,23 +7,18 @@
 // The module's Python equivalent (types and signatures; see _tagma_C.pyi):
 //
 //   class FreeRuns:
-//       def __init__(self, num_blocks: int, alignment: int = 1): ...
-//       def add(self, ids, /) -> None: ...          # ints or a uint32/int32/
-//       def remove(self, ids, /) -> None: ...       # int64 buffer
-//       def add_range(self, start, length, /) -> None: ...
-//       def remove_range(self, start, length, /) -> None: ...
-//       def take_after(self, block, n, /) -> int: ...
-//       def take(self, n, max_ranges=256, /) -> list[tuple[int, int]]: ...
-//       def runs(self) -> list[tuple[int, int]]: ...
-//       def validate(self) -> bool: ...
-//       num_free, largest_run, num_runs, num_blocks, alignment: int
-//       def __contains__(self, block) -> bool: ...
+//       def __init__(self, num_blocks: int): ...
+//       def add(self, ids, /) -> None: ...  # ints or a uint32/int32/int64
+//       buffer def add_range(self, start, length, /) -> None: ... def
+//       take_after(self, block, n, /) -> int: ... def take(self, n,
+//       max_ranges=256, /) -> list[tuple[int, int]]: ... def runs(self) ->
+//       list[tuple[int, int]]: ... def validate(self) -> bool: ... num_free,
+//       largest_run: int
 //
 // Errors: out of memory -> MemoryError; anything else the caller got wrong
 // -> ValueError (a wrong type -> TypeError; an int argument is an int or has
 // __index__, as numpy's ints). Messages name the method, its arguments and
-// the numbers, values as the caller passed them. `x in obj` raises nothing
-// of its own: a non-int, or an int out of range, is not a member.
+// the numbers, values as the caller passed them.
 // A failing call leaves the object as it was. No C++ exception crosses into
 // Python: std::bad_alloc becomes MemoryError.
 //
@@ -349,7 +344,7 @@ std::string fmt(const char* f, ...) {
 struct FreeRunsObject {
   PyObject_HEAD tagma::FreeRuns* runs;
   std::vector<uint32_t>* ids;  // scratch for id conversion
-  bool ids_busy;               // an add/remove is reading ids into *ids
+  bool ids_busy;               // an add is reading ids into *ids
 };
 
 FreeRunsObject* as_fr(PyObject* self) {
@@ -357,25 +352,21 @@ FreeRunsObject* as_fr(PyObject* self) {
 }
 
 PyObject* FreeRuns_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
-  static const char* kw[] = {"num_blocks", "alignment", nullptr};
-  PyObject *on = nullptr, *oa = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:FreeRuns",
-                                   const_cast<char**>(kw), &on, &oa)) {
+  static const char* kw[] = {"num_blocks", nullptr};
+  PyObject* on = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:FreeRuns",
+                                   const_cast<char**>(kw), &on)) {
     return nullptr;
   }
-  int64_t n = 0, a = 1;
+  int64_t n = 0;
   if (!to_i64(on, "FreeRuns()", "num_blocks", &n)) return nullptr;
-  if (oa != nullptr && !to_i64(oa, "FreeRuns()", "alignment", &a)) {
-    return nullptr;
-  }
   return guarded([&]() -> PyObject* {
-    tagma::FreeRuns probe(n, a);
+    tagma::FreeRuns probe(n);
     if (probe.config_status() != Status::kOk) {
       PyErr_Format(PyExc_ValueError,
-                   "FreeRuns(num_blocks=%lld, alignment=%lld): invalid "
-                   "configuration: num_blocks must be in [1, %lld] and "
-                   "alignment in [1, num_blocks]",
-                   static_cast<long long>(n), static_cast<long long>(a),
+                   "FreeRuns(num_blocks=%lld): invalid configuration: "
+                   "num_blocks must be in [1, %lld]",
+                   static_cast<long long>(n),
                    static_cast<long long>(tagma::FreeRuns::kMaxBlocks));
       return nullptr;
     }
@@ -411,7 +402,6 @@ PyObject* FreeRuns_raise(const tagma::FreeRuns& fr, Status s, const char* where,
       }
       return set_error(s, where, fmt("num_blocks is %u", fr.num_blocks()));
     case Status::kAlreadyFree:
-    case Status::kNotFree:
     case Status::kDuplicateBlock:
       return set_error(s, where,
                        fmt("block %lld", static_cast<long long>(bad)));
@@ -420,8 +410,6 @@ PyObject* FreeRuns_raise(const tagma::FreeRuns& fr, Status s, const char* where,
                        fmt("%llu free blocks, largest run %u",
                            static_cast<unsigned long long>(fr.num_free()),
                            fr.largest_run()));
-    case Status::kMisaligned:
-      return set_error(s, where, fmt("alignment %u", fr.alignment()));
     default:
       return set_error(s, where);
   }
@@ -438,18 +426,16 @@ struct Busy {
   const bool nested;
 };
 
-// add(ids) / remove(ids): one body, two engine calls.
-template <bool kAdd>
-PyObject* FreeRuns_add_remove(PyObject* self, PyObject* const* args,
-                              Py_ssize_t nargs) {
-  const char* name = kAdd ? "FreeRuns.add" : "FreeRuns.remove";
+PyObject* FreeRuns_add(PyObject* self, PyObject* const* args,
+                       Py_ssize_t nargs) {
+  const char* name = "FreeRuns.add";
   if (!check_nargs(name, nargs, 1, 1)) return nullptr;
   return guarded([&]() -> PyObject* {
     FreeRunsObject* o = as_fr(self);
     Buffer buf;
     const uint32_t* data = nullptr;
     size_t count = 0;
-    // An id's __index__ may call add/remove on this object again: that call
+    // An id's __index__ may call add on this object again: that call
     // converts into its own vector, not into the one being filled here.
     std::vector<uint32_t> own;
     const Busy busy(&o->ids_busy);
@@ -458,8 +444,7 @@ PyObject* FreeRuns_add_remove(PyObject* self, PyObject* const* args,
       return nullptr;
     }
     int64_t bad = -1;
-    const Status s = kAdd ? o->runs->add(data, count, &bad)
-                          : o->runs->remove(data, count, &bad);
+    const Status s = o->runs->add(data, count, &bad);
     if (s != Status::kOk) {
       char where[96];
       std::snprintf(where, sizeof(where), "%s(<%zu ids>)", name, count);
@@ -469,10 +454,9 @@ PyObject* FreeRuns_add_remove(PyObject* self, PyObject* const* args,
   });
 }
 
-template <bool kAdd>
-PyObject* FreeRuns_range(PyObject* self, PyObject* const* args,
-                         Py_ssize_t nargs) {
-  const char* name = kAdd ? "FreeRuns.add_range" : "FreeRuns.remove_range";
+PyObject* FreeRuns_add_range(PyObject* self, PyObject* const* args,
+                             Py_ssize_t nargs) {
+  const char* name = "FreeRuns.add_range";
   if (!check_nargs(name, nargs, 2, 2)) return nullptr;
   int64_t start = 0, length = 0;
   if (!to_i64(args[0], name, "start", &start) ||
@@ -482,8 +466,7 @@ PyObject* FreeRuns_range(PyObject* self, PyObject* const* args,
   return guarded([&]() -> PyObject* {
     tagma::FreeRuns& fr = *as_fr(self)->runs;
     int64_t bad = -1;
-    const Status s = kAdd ? fr.add_range(start, length, &bad)
-                          : fr.remove_range(start, length, &bad);
+    const Status s = fr.add_range(start, length, &bad);
     if (s != Status::kOk) {
       char where[128];
       std::snprintf(where, sizeof(where), "%s(start=%lld, length=%lld)", name,
@@ -594,61 +577,30 @@ PyObject* FreeRuns_validate(PyObject* self, PyObject*) {
   return PyBool_FromLong(as_fr(self)->runs->validate());
 }
 
-// `x in obj` is a membership test, never a type check: an object that is
-// not an int (nor has __index__) is simply not a member, nor is an int out
-// of range. An error raised by an __index__ itself propagates.
-int FreeRuns_contains(PyObject* self, PyObject* key) {
-  if (!PyIndex_Check(key)) return 0;
-  int overflow = 0;
-  const long long b = PyLong_AsLongLongAndOverflow(key, &overflow);
-  if (b == -1 && PyErr_Occurred()) return -1;
-  if (overflow != 0) return 0;
-  return as_fr(self)->runs->contains(b) ? 1 : 0;
-}
-
 PyObject* FreeRuns_repr(PyObject* self) {
   const tagma::FreeRuns& fr = *as_fr(self)->runs;
   return PyUnicode_FromFormat(
-      "FreeRuns(num_blocks=%u, alignment=%u, num_free=%llu, num_runs=%zu)",
-      fr.num_blocks(), fr.alignment(),
+      "FreeRuns(num_blocks=%u, num_free=%llu, num_runs=%zu)", fr.num_blocks(),
       static_cast<unsigned long long>(fr.num_free()), fr.num_runs());
 }
 
 PyObject* FreeRuns_get(PyObject* self, void* which) {
   const tagma::FreeRuns& fr = *as_fr(self)->runs;
-  switch (reinterpret_cast<intptr_t>(which)) {
-    case 0:
-      return u64(fr.num_free());
-    case 1:
-      return u64(fr.largest_run());
-    case 2:
-      return u64(fr.num_runs());
-    case 3:
-      return u64(fr.num_blocks());
-    default:
-      return u64(fr.alignment());
-  }
+  return which == nullptr ? u64(fr.num_free()) : u64(fr.largest_run());
 }
 
 PyMethodDef FreeRuns_methods[] = {
-    {"add", fast(FreeRuns_add_remove<true>), METH_FASTCALL,
+    {"add", fast(FreeRuns_add), METH_FASTCALL,
      "add(ids, /) -> None\n--\n\nMarks the blocks free (ints, or a "
      "uint32/int32/int64 buffer), coalescing runs. ValueError, nothing "
      "changed, if one is out of range, already free or given twice."},
-    {"remove", fast(FreeRuns_add_remove<false>), METH_FASTCALL,
-     "remove(ids, /) -> None\n--\n\nMarks free blocks not free, splitting "
-     "runs. ValueError, nothing changed, if one is not free."},
-    {"add_range", fast(FreeRuns_range<true>), METH_FASTCALL,
+    {"add_range", fast(FreeRuns_add_range), METH_FASTCALL,
      "add_range(start, length, /) -> None\n--\n\nMarks [start, start + "
      "length) free."},
-    {"remove_range", fast(FreeRuns_range<false>), METH_FASTCALL,
-     "remove_range(start, length, /) -> None\n--\n\nMarks [start, start + "
-     "length) not free; all of it must be free."},
     {"take_after", fast(FreeRuns_take_after), METH_FASTCALL,
      "take_after(block, n, /) -> int\n--\n\nTakes up to n free blocks from "
-     "block + 1 on, as far as they are free (rounded down to the "
-     "alignment); returns how many. ValueError, nothing changed, if block "
-     "is not in [-1, num_blocks) or n < 0."},
+     "block + 1 on, as far as they are free; returns how many. ValueError, "
+     "nothing changed, if block is not in [-1, num_blocks) or n < 0."},
     {"take", fast(FreeRuns_take), METH_FASTCALL,
      "take(n, max_ranges=256, /) -> list[tuple[int, int]]\n--\n\nTakes n "
      "blocks: one best-fit range if any run holds n, else the largest runs "
@@ -663,23 +615,16 @@ PyMethodDef FreeRuns_methods[] = {
 };
 
 PyGetSetDef FreeRuns_getset[] = {
-    {"num_free", FreeRuns_get, nullptr, "Free blocks.",
-     reinterpret_cast<void*>(0)},
+    {"num_free", FreeRuns_get, nullptr, "Free blocks.", nullptr},
     {"largest_run", FreeRuns_get, nullptr,
-     "The most blocks one range can take (aligned).",
+     "The most blocks one range can take: the longest run.",
      reinterpret_cast<void*>(1)},
-    {"num_runs", FreeRuns_get, nullptr, "Number of free runs.",
-     reinterpret_cast<void*>(2)},
-    {"num_blocks", FreeRuns_get, nullptr, "Blocks managed.",
-     reinterpret_cast<void*>(3)},
-    {"alignment", FreeRuns_get, nullptr, "Range alignment in blocks.",
-     reinterpret_cast<void*>(4)},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 PyType_Slot FreeRuns_slots[] = {
     {Py_tp_doc, const_cast<char*>(
-                    "FreeRuns(num_blocks, alignment=1)\n--\n\n"
+                    "FreeRuns(num_blocks)\n--\n\n"
                     "The free blocks of [0, num_blocks) as coalesced runs, "
                     "for contiguous placement. Starts empty (no block free).")},
     {Py_tp_new, reinterpret_cast<void*>(FreeRuns_new)},
@@ -687,7 +632,6 @@ PyType_Slot FreeRuns_slots[] = {
     {Py_tp_repr, reinterpret_cast<void*>(FreeRuns_repr)},
     {Py_tp_methods, FreeRuns_methods},
     {Py_tp_getset, FreeRuns_getset},
-    {Py_sq_contains, reinterpret_cast<void*>(FreeRuns_contains)},
     {0, nullptr},
 };
 

@@ -33,8 +33,8 @@ Snapshot snap(const FreeRuns& f) {
 }
 
 // Free runs at the given (start, length) pairs.
-FreeRuns make(int64_t n, const Runs& runs, int64_t alignment = 1) {
-  FreeRuns f(n, alignment);
+FreeRuns make(int64_t n, const Runs& runs) {
+  FreeRuns f(n);
   REQUIRE(f.config_status() == Status::kOk);
   for (const auto& r : runs) {
     REQUIRE(f.add_range(r.first, r.second) == Status::kOk);
@@ -59,12 +59,10 @@ TEST_CASE("test_free_runs_starts_empty") {
   FreeRuns f(16);
   CHECK(f.config_status() == Status::kOk);
   CHECK(f.num_blocks() == 16);
-  CHECK(f.alignment() == 1);
   CHECK(f.num_free() == 0);
   CHECK(f.num_runs() == 0);
   CHECK(f.largest_run() == 0);
   CHECK(f.runs().empty());
-  for (int64_t b = -1; b <= 16; ++b) CHECK_FALSE(f.contains(b));
   CHECK(f.take_after(-1, 4) == 0);
   std::vector<FreeRuns::Run> out;
   CHECK(f.take(1, 8, &out) == Status::kOutOfMemory);
@@ -72,25 +70,16 @@ TEST_CASE("test_free_runs_starts_empty") {
 }
 
 TEST_CASE("test_free_runs_bad_config") {
-  for (auto cfg :
-       std::vector<std::pair<int64_t, int64_t>>{{0, 1},
-                                                {-3, 1},
-                                                {FreeRuns::kMaxBlocks + 1, 1},
-                                                {8, 0},
-                                                {8, -1},
-                                                {8, 9}}) {
-    FreeRuns f(cfg.first, cfg.second);
+  for (int64_t n : {int64_t{0}, int64_t{-3}, FreeRuns::kMaxBlocks + 1}) {
+    FreeRuns f(n);
     CHECK(f.config_status() == Status::kBadConfig);
     CHECK(f.num_blocks() == 0);
     const uint32_t id = 0;
     std::vector<FreeRuns::Run> out;
     CHECK(f.add(&id, 1) == Status::kBadConfig);
     CHECK(f.add_range(0, 1) == Status::kBadConfig);
-    CHECK(f.remove(&id, 1) == Status::kBadConfig);
-    CHECK(f.remove_range(0, 1) == Status::kBadConfig);
     CHECK(f.take(1, 1, &out) == Status::kBadConfig);
     CHECK(f.take_after(-1, 1) == 0);
-    CHECK_FALSE(f.contains(0));
     CHECK(f.validate(true));
   }
   FreeRuns d;
@@ -125,7 +114,7 @@ TEST_CASE("test_free_runs_add_errors_leave_state_unchanged") {
   int64_t bad = -7;
   CHECK(f.add(std::vector<uint32_t>{0, 16}) == Status::kOutOfRange);
   CHECK(f.add(std::vector<uint32_t>{0, 1}.data(), 2, &bad) == Status::kOk);
-  CHECK(f.remove(std::vector<uint32_t>{0, 1}) == Status::kOk);
+  CHECK(f.take_after(-1, 2) == 2);  // 0 and 1 taken again
   const uint32_t oor[] = {6, 99, 7};
   CHECK(f.add(oor, 3, &bad) == Status::kOutOfRange);
   CHECK(bad == 99);
@@ -161,62 +150,11 @@ TEST_CASE("test_free_runs_add_errors_leave_state_unchanged") {
   CHECK(f.runs() == Runs{{2, 10}});
 }
 
-TEST_CASE("test_free_runs_remove_splits") {
-  FreeRuns f = make(16, {{0, 16}});
-  CHECK(f.remove(std::vector<uint32_t>{10, 5, 6}) == Status::kOk);
-  CHECK(f.runs() == Runs{{0, 5}, {7, 3}, {11, 5}});
-  CHECK(f.num_free() == 13);
-  CHECK_FALSE(f.contains(5));
-  CHECK_FALSE(f.contains(6));
-  CHECK(f.contains(7));
-  CHECK(f.contains(15));
-  CHECK(f.remove(std::vector<uint32_t>{0}) == Status::kOk);        // run start
-  CHECK(f.remove(std::vector<uint32_t>{15}) == Status::kOk);       // run end
-  CHECK(f.remove(std::vector<uint32_t>{7, 8, 9}) == Status::kOk);  // whole
-  CHECK(f.runs() == Runs{{1, 4}, {11, 4}});
-  CHECK(f.remove_range(2, 2) == Status::kOk);
-  CHECK(f.runs() == Runs{{1, 1}, {4, 1}, {11, 4}});
-  CHECK(f.remove_range(11, 4) == Status::kOk);
-  CHECK(f.runs() == Runs{{1, 1}, {4, 1}});
-  CHECK(f.remove(nullptr, 0) == Status::kOk);
-  CHECK(f.validate(true));
-}
-
-TEST_CASE("test_free_runs_remove_errors_leave_state_unchanged") {
-  FreeRuns f = make(16, {{2, 3}, {10, 2}});
-  const Snapshot s0 = snap(f);
-  int64_t bad = -1;
-  const uint32_t oor[] = {2, 16};
-  CHECK(f.remove(oor, 2, &bad) == Status::kOutOfRange);
-  CHECK(bad == 16);
-  const uint32_t twice[] = {3, 2, 3};
-  CHECK(f.remove(twice, 3, &bad) == Status::kDuplicateBlock);
-  CHECK(bad == 3);
-  const uint32_t not_free[] = {2, 3, 0};
-  CHECK(f.remove(not_free, 3, &bad) == Status::kNotFree);
-  CHECK(bad == 0);
-  const uint32_t past_end[] = {3, 4, 5};  // 5 follows the run 2..4
-  CHECK(f.remove(past_end, 3, &bad) == Status::kNotFree);
-  CHECK(bad == 5);
-  CHECK(f.remove(nullptr, 2) == Status::kInvalidArgument);
-  CHECK(f.remove_range(0, 0) == Status::kZeroCount);
-  CHECK(f.remove_range(0, -2) == Status::kInvalidArgument);
-  CHECK(f.remove_range(15, 2) == Status::kOutOfRange);
-  CHECK(f.remove_range(-1, 1) == Status::kOutOfRange);
-  CHECK(f.remove_range(1, 2, &bad) == Status::kNotFree);
-  CHECK(bad == 1);
-  CHECK(f.remove_range(10, 3, &bad) == Status::kNotFree);
-  CHECK(bad == 12);
-  CHECK(f.remove_range(2, 9, &bad) == Status::kNotFree);
-  CHECK(bad == 5);
-  CHECK(snap(f) == s0);
-  CHECK(f.validate(true));
-  CHECK(f.remove_range(2, 3) == Status::kOk);  // still usable
-  CHECK(f.runs() == Runs{{10, 2}});
-}
-
 TEST_CASE("test_free_runs_take_after") {
   FreeRuns f = make(16, {{4, 4}, {10, 6}});
+  CHECK(f.take_after(4, 2) == 2);  // from inside a run: splits it
+  CHECK(f.runs() == Runs{{4, 1}, {7, 1}, {10, 6}});
+  CHECK(f.add_range(5, 2) == Status::kOk);
   CHECK(f.take_after(3, 2) == 2);  // grows a range that ends at 3
   CHECK(f.runs() == Runs{{6, 2}, {10, 6}});
   CHECK(f.take_after(5, 9) == 2);  // as far as the run goes
@@ -304,32 +242,6 @@ TEST_CASE("test_free_runs_take_errors_leave_state_unchanged") {
   CHECK(f.num_free() == 0);
 }
 
-TEST_CASE("test_free_runs_alignment") {
-  // Alignment 4: a range starts at a multiple of 4 and is 4k long.
-  FreeRuns f = make(32, {{1, 10}, {20, 12}}, 4);
-  // usable(1..10) = 4..7 = 4; usable(20..31) = 12.
-  CHECK(f.largest_run() == 12);
-  std::vector<FreeRuns::Run> out;
-  CHECK(f.take(3, 8, &out) == Status::kMisaligned);
-  CHECK(f.take(4, 8, &out) == Status::kOk);
-  CHECK(out == Runs{{4, 4}});  // best fit: the run whose usable is 4
-  CHECK(f.runs() == Runs{{1, 3}, {8, 3}, {20, 12}});
-  CHECK(f.largest_run() == 12);
-  CHECK(f.take(16, 8, &out) == Status::kOutOfMemory);  // 18 free, 12 usable
-  CHECK(f.take(12, 8, &out) == Status::kOk);
-  CHECK(out == Runs{{20, 12}});
-  CHECK(f.largest_run() == 0);  // 1..3 and 8..10 hold no aligned chunk
-  CHECK(f.num_free() == 6);
-  CHECK(f.take(4, 8, &out) == Status::kOutOfMemory);
-  CHECK(f.validate(true));
-  // take_after rounds down to the alignment.
-  FreeRuns g = make(32, {{8, 7}}, 4);
-  CHECK(g.take_after(7, 100) == 4);
-  CHECK(g.take_after(11, 100) == 0);  // 3 left: no aligned chunk
-  CHECK(g.runs() == Runs{{12, 3}});
-  CHECK(g.validate(true));
-}
-
 TEST_CASE("test_free_runs_unchecked_layer") {
   FreeRuns f(40);
   f.put(10, 5);
@@ -337,8 +249,6 @@ TEST_CASE("test_free_runs_unchecked_layer") {
   f.put(20, 20);
   f.put(15, 1);  // coalesces with 10..14
   CHECK(f.runs() == Runs{{0, 2}, {10, 6}, {20, 20}});
-  CHECK(f.run_at(10) == 6);
-  CHECK(f.run_at(11) == 0);
   CHECK(f.pick(2) == 0);
   CHECK(f.pick(3) == 10);
   CHECK(f.pick(7) == 20);

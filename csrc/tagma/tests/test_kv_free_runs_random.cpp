@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
-// Randomized invariant test of FreeRuns: random add / add_range / remove /
-// remove_range / take_after / take, after every op FreeRuns::validate() AND a
-// comparison with a reference that keeps one bool per block. The reference
-// predicts every status, the offending block of every error, take_after's
-// count and the best-fit placement; for the multi-range fallback it checks
-// the outcome: exactly n blocks, all free before, aligned, and the fewest
-// ranges any choice could give (largest runs first is optimal).
+// Randomized invariant test of FreeRuns: random add / add_range / take_after
+// / take, after every op FreeRuns::validate() AND a comparison with a
+// reference that keeps one bool per block. The reference predicts every
+// status, the offending block of every error, take_after's count and the
+// best-fit placement; for the multi-range fallback it checks the outcome:
+// exactly n blocks, all free before, and the fewest ranges any choice could
+// give (largest runs first is optimal).
 
 #include <doctest/doctest.h>
 
@@ -26,16 +26,11 @@ using tagma::Status;
 namespace {
 
 struct Ref {
-  uint32_t n, align;
+  uint32_t n;
   std::vector<char> free;
 
-  Ref(uint32_t n_, uint32_t a) : n(n_), align(a), free(n_, 0) {}
+  explicit Ref(uint32_t n_) : n(n_), free(n_, 0) {}
 
-  uint64_t usable(uint64_t s, uint64_t l) const {
-    const uint64_t a = (s + align - 1) / align * align;
-    if (a >= s + l) return 0;
-    return (s + l - a) / align * align;
-  }
   std::vector<FreeRuns::Run> runs() const {
     std::vector<FreeRuns::Run> out;
     for (uint32_t b = 0; b < n;) {
@@ -53,34 +48,31 @@ struct Ref {
   uint64_t num_free() const {
     return static_cast<uint64_t>(std::count(free.begin(), free.end(), 1));
   }
-  // Usable sizes, largest first.
-  std::vector<uint64_t> usables() const {
+  // Run lengths, largest first.
+  std::vector<uint64_t> lengths() const {
     std::vector<uint64_t> u;
-    for (const auto& r : runs()) {
-      if (usable(r.first, r.second) > 0) u.push_back(usable(r.first, r.second));
-    }
+    for (const auto& r : runs()) u.push_back(r.second);
     std::sort(u.begin(), u.end(), std::greater<uint64_t>());
     return u;
   }
 };
 
-// ids with an error planted at random: out of range, a repeat, or a block
-// in the wrong state (free for add, not free for remove).
-std::vector<uint32_t> random_ids(const Ref& m, bool want_free,
-                                 std::mt19937_64& rng) {
+// Non-free ids with an error planted at random: out of range, a repeat, or
+// a block that is free already.
+std::vector<uint32_t> random_ids(const Ref& m, std::mt19937_64& rng) {
   auto pick = [&](uint64_t hi) { return rng() % hi; };
   std::vector<uint32_t> ids;
   const uint64_t count = pick(pick(5) == 0 ? m.n / 2 + 1 : 5);
   if (pick(3) == 0) {  // a consecutive stretch: exercises coalescing
     const uint32_t s = static_cast<uint32_t>(pick(m.n));
     for (uint32_t b = s; b < m.n && ids.size() < count; ++b) {
-      if ((m.free[b] != 0) != want_free) break;
+      if (m.free[b] != 0) break;
       ids.push_back(b);
     }
   } else {
     for (uint64_t tries = 0; ids.size() < count && tries < 4 * count; ++tries) {
       const uint32_t b = static_cast<uint32_t>(pick(m.n));
-      if ((m.free[b] != 0) != want_free) continue;
+      if (m.free[b] != 0) continue;
       if (std::find(ids.begin(), ids.end(), b) != ids.end()) continue;
       ids.push_back(b);
     }
@@ -103,8 +95,8 @@ std::vector<uint32_t> random_ids(const Ref& m, bool want_free,
   return ids;
 }
 
-// The status and offending block the reference expects of add/remove.
-Status expect_ids(const Ref& m, const std::vector<uint32_t>& ids, bool add,
+// The status and offending block the reference expects of add.
+Status expect_ids(const Ref& m, const std::vector<uint32_t>& ids,
                   int64_t* bad) {
   for (uint32_t b : ids) {
     if (b >= m.n) {
@@ -120,33 +112,29 @@ Status expect_ids(const Ref& m, const std::vector<uint32_t>& ids, bool add,
       return Status::kDuplicateBlock;
     }
   }
-  for (uint32_t b : s) {  // the lowest block in the wrong state
-    if ((m.free[b] != 0) == add) {
+  for (uint32_t b : s) {  // the lowest block free already
+    if (m.free[b] != 0) {
       *bad = b;
-      return add ? Status::kAlreadyFree : Status::kNotFree;
+      return Status::kAlreadyFree;
     }
   }
   return Status::kOk;
 }
 
-void compare(const FreeRuns& f, const Ref& m, std::mt19937_64& rng) {
+void compare(const FreeRuns& f, const Ref& m) {
   REQUIRE(f.validate(true));
   const auto runs = m.runs();
   REQUIRE(f.runs() == runs);
   REQUIRE(f.num_runs() == runs.size());
   REQUIRE(f.num_free() == m.num_free());
-  const auto u = m.usables();
+  const auto u = m.lengths();
   REQUIRE(f.largest_run() == (u.empty() ? 0 : u.front()));
-  for (int i = 0; i < 4; ++i) {
-    const int64_t b = static_cast<int64_t>(rng() % (m.n + 2)) - 1;
-    REQUIRE(f.contains(b) == (b >= 0 && b < m.n && m.free[b] != 0));
-  }
 }
 
-void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
-  FreeRuns f(n, align);
+void run_random(uint32_t n, uint64_t num_ops, uint64_t seed) {
+  FreeRuns f(n);
   REQUIRE(f.config_status() == Status::kOk);
-  Ref m(n, align);
+  Ref m(n);
   std::mt19937_64 rng(seed);
   auto pick = [&](uint64_t hi) { return rng() % hi; };  // [0, hi)
   uint64_t oks = 0, errors = 0, multi = 0, too_many = 0, oom = 0;
@@ -158,14 +146,14 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
     Status s = Status::kOk, expect = Status::kOk;
     int64_t bad = -1, expect_bad = -1;
 
-    if (which < 22) {  // add
-      const auto ids = random_ids(m, false, rng);
-      expect = expect_ids(m, ids, true, &expect_bad);
+    if (which < 25) {  // add
+      const auto ids = random_ids(m, rng);
+      expect = expect_ids(m, ids, &expect_bad);
       s = f.add(ids.data(), ids.size(), &bad);
       if (s == Status::kOk) {
         for (uint32_t b : ids) m.free[b] = 1;
       }
-    } else if (which < 34) {  // add_range
+    } else if (which < 40) {  // add_range
       int64_t start = static_cast<int64_t>(pick(n + 1)) - (pick(40) == 0);
       int64_t len = static_cast<int64_t>(pick(pick(4) == 0 ? n / 2 + 1 : 6));
       if (pick(40) == 0) len = -len - 1;
@@ -188,35 +176,7 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
       if (s == Status::kOk) {
         for (int64_t b = start; b < start + len; ++b) m.free[b] = 1;
       }
-    } else if (which < 50) {  // remove
-      const auto ids = random_ids(m, true, rng);
-      expect = expect_ids(m, ids, false, &expect_bad);
-      s = f.remove(ids.data(), ids.size(), &bad);
-      if (s == Status::kOk) {
-        for (uint32_t b : ids) m.free[b] = 0;
-      }
-    } else if (which < 60) {  // remove_range
-      int64_t start = static_cast<int64_t>(pick(n + 1)) - (pick(40) == 0);
-      int64_t len = static_cast<int64_t>(pick(6));
-      if (len == 0 && pick(2) == 0) len = 1;
-      if (len == 0) {
-        expect = Status::kZeroCount;
-      } else if (start < 0 || start + len > n) {
-        expect = Status::kOutOfRange;
-      } else {
-        for (int64_t b = start; b < start + len; ++b) {
-          if (!m.free[b]) {
-            expect = Status::kNotFree;
-            expect_bad = b;
-            break;
-          }
-        }
-      }
-      s = f.remove_range(start, len, &bad);
-      if (s == Status::kOk) {
-        for (int64_t b = start; b < start + len; ++b) m.free[b] = 0;
-      }
-    } else if (which < 75) {  // take_after
+    } else if (which < 65) {  // take_after
       const int64_t block = static_cast<int64_t>(pick(n + 2)) - 2;  // -2..n-1
       const int64_t want = static_cast<int64_t>(pick(8)) - 1;
       int64_t prefix = 0;
@@ -225,17 +185,15 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
           ++prefix;
         }
       }
-      const int64_t k = prefix / align * align;
-      REQUIRE(f.take_after(block, want) == k);
-      for (int64_t b = block + 1; b < block + 1 + k; ++b) m.free[b] = 0;
+      REQUIRE(f.take_after(block, want) == prefix);
+      for (int64_t b = block + 1; b < block + 1 + prefix; ++b) m.free[b] = 0;
     } else {  // take
-      int64_t count = static_cast<int64_t>(
-          (1 + pick(pick(3) == 0 ? n / 3 + 1 : 4)) * align);
+      int64_t count =
+          static_cast<int64_t>(1 + pick(pick(3) == 0 ? n / 3 + 1 : 4));
       if (pick(40) == 0) count = -count;
       if (pick(40) == 0) count = 0;
-      if (align > 1 && pick(20) == 0) count += 1;
       const int64_t max_ranges = 1 + static_cast<int64_t>(pick(4));
-      const auto u = m.usables();
+      const auto u = m.lengths();
       uint64_t total = 0;
       int64_t needed = 0;
       for (uint64_t x : u) {
@@ -248,8 +206,6 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
         expect = Status::kInvalidArgument;
       } else if (count == 0) {
         expect = Status::kZeroCount;
-      } else if (count % align != 0) {
-        expect = Status::kMisaligned;
       } else if (total < static_cast<uint64_t>(count)) {
         expect = Status::kOutOfMemory;
       } else if (largest < static_cast<uint64_t>(count) &&
@@ -261,10 +217,9 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
       if (expect == Status::kOk && largest >= static_cast<uint64_t>(count)) {
         uint64_t best = ~uint64_t{0};
         for (const auto& r : m.runs()) {
-          const uint64_t x = m.usable(r.first, r.second);
-          if (x >= static_cast<uint64_t>(count) && x < best) {
-            best = x;
-            fit = (r.first + align - 1) / align * align;
+          if (r.second >= static_cast<uint64_t>(count) && r.second < best) {
+            best = r.second;
+            fit = r.first;
           }
         }
       }
@@ -286,8 +241,6 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
         uint64_t sum = 0;
         for (const auto& r : out) {
           REQUIRE(r.second > 0);
-          REQUIRE(r.first % align == 0);
-          REQUIRE(r.second % align == 0);
           for (uint32_t b = r.first; b < r.first + r.second; ++b) {
             REQUIRE(b < n);
             REQUIRE(m.free[b]);  // free before, and taken once
@@ -307,9 +260,9 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
     } else {
       ++oks;
     }
-    compare(f, m, rng);
+    compare(f, m);
   }
-  MESSAGE("n=" << n << " align=" << align << " ops=" << num_ops << " ok=" << oks
+  MESSAGE("n=" << n << " ops=" << num_ops << " ok=" << oks
                << " errors=" << errors << " multi=" << multi << " oom=" << oom
                << " too_many=" << too_many);
   if (num_ops >= 20000) {
@@ -323,7 +276,7 @@ void run_random(uint32_t n, uint32_t align, uint64_t num_ops, uint64_t seed) {
 
 TEST_CASE("test_free_runs_random_invariants") {
   const uint64_t total = std::max<uint64_t>(1, tagma_test::random_ops() / 2);
-  run_random(96, 1, total * 5 / 10 + 1, 101);
-  run_random(90, 3, total * 3 / 10 + 1, 102);
-  run_random(64, 4, total * 2 / 10 + 1, 103);
+  run_random(96, total * 5 / 10 + 1, 101);
+  run_random(90, total * 3 / 10 + 1, 102);
+  run_random(64, total * 2 / 10 + 1, 103);
 }
