@@ -141,9 +141,7 @@ def test_free_runs_starts_empty(engine):
     assert repr(f) == "FreeRuns(num_blocks=16, num_free=0, num_runs=0)"
 
 
-@pytest.mark.parametrize(
-    "args", [(0,), (-1,), (T.MAX_BLOCKS + 1,), (2**70,)]
-)
+@pytest.mark.parametrize("args", [(0,), (-1,), (T.MAX_BLOCKS + 1,), (2**70,)])
 def test_free_runs_constructor_errors(engine, args):
     with pytest.raises(ValueError, match=r"FreeRuns"):
         engine.FreeRuns(*args)
