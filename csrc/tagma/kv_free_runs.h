@@ -176,6 +176,13 @@ class FreeRuns {
   size_t num_runs() const { return runs_.size(); }
   // (start, length) by address. O(runs).
   std::vector<Run> runs() const { return {runs_.begin(), runs_.end()}; }
+  bool contains(int64_t block) const {
+    if (block < 0 || block >= static_cast<int64_t>(n_)) return false;
+    auto it = runs_.upper_bound(static_cast<uint32_t>(block));
+    if (it == runs_.begin()) return false;
+    --it;
+    return static_cast<int64_t>(it->first) + it->second > block;
+  }
 
   // Recomputes the invariants, O(runs log runs); false at the first failure
   // (printed to stderr when verbose).

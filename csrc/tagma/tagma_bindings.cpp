@@ -8,17 +8,20 @@
 //
 //   class FreeRuns:
 //       def __init__(self, num_blocks: int): ...
-//       def add(self, ids, /) -> None: ...  # ints or a uint32/int32/int64
-//       buffer def add_range(self, start, length, /) -> None: ... def
-//       take_after(self, block, n, /) -> int: ... def take(self, n,
-//       max_ranges=256, /) -> list[tuple[int, int]]: ... def runs(self) ->
-//       list[tuple[int, int]]: ... def validate(self) -> bool: ... num_free,
-//       largest_run: int
+//       def add(self, ids, /) -> None: ...  # ints or an int buffer
+//       def add_range(self, start, length, /) -> None: ...
+//       def take_after(self, block, n, /) -> int: ...
+//       def take(self, n, max_ranges=256, /) -> list[tuple[int, int]]: ...
+//       def runs(self) -> list[tuple[int, int]]: ...
+//       def validate(self) -> bool: ...
+//       num_free, largest_run: int
+//       def __contains__(self, block) -> bool: ...
 //
 // Errors: out of memory -> MemoryError; anything else the caller got wrong
 // -> ValueError (a wrong type -> TypeError; an int argument is an int or has
 // __index__, as numpy's ints). Messages name the method, its arguments and
-// the numbers, values as the caller passed them.
+// the numbers, values as the caller passed them. `x in obj` raises nothing
+// of its own: a non-int, or an int out of range, is not a member.
 // A failing call leaves the object as it was. No C++ exception crosses into
 // Python: std::bad_alloc becomes MemoryError.
 //
@@ -577,6 +580,18 @@ PyObject* FreeRuns_validate(PyObject* self, PyObject*) {
   return PyBool_FromLong(as_fr(self)->runs->validate());
 }
 
+// `x in obj` is a membership test, never a type check: an object that is
+// not an int (nor has __index__) is simply not a member, nor is an int out
+// of range. An error raised by an __index__ itself propagates.
+int FreeRuns_contains(PyObject* self, PyObject* key) {
+  if (!PyIndex_Check(key)) return 0;
+  int overflow = 0;
+  const long long b = PyLong_AsLongLongAndOverflow(key, &overflow);
+  if (b == -1 && PyErr_Occurred()) return -1;
+  if (overflow != 0) return 0;
+  return as_fr(self)->runs->contains(b) ? 1 : 0;
+}
+
 PyObject* FreeRuns_repr(PyObject* self) {
   const tagma::FreeRuns& fr = *as_fr(self)->runs;
   return PyUnicode_FromFormat(
@@ -632,6 +647,7 @@ PyType_Slot FreeRuns_slots[] = {
     {Py_tp_repr, reinterpret_cast<void*>(FreeRuns_repr)},
     {Py_tp_methods, FreeRuns_methods},
     {Py_tp_getset, FreeRuns_getset},
+    {Py_sq_contains, reinterpret_cast<void*>(FreeRuns_contains)},
     {0, nullptr},
 };
 

@@ -63,6 +63,7 @@ TEST_CASE("test_free_runs_starts_empty") {
   CHECK(f.num_runs() == 0);
   CHECK(f.largest_run() == 0);
   CHECK(f.runs().empty());
+  for (int64_t b = -1; b <= 16; ++b) CHECK_FALSE(f.contains(b));
   CHECK(f.take_after(-1, 4) == 0);
   std::vector<FreeRuns::Run> out;
   CHECK(f.take(1, 8, &out) == Status::kOutOfMemory);
@@ -80,6 +81,7 @@ TEST_CASE("test_free_runs_bad_config") {
     CHECK(f.add_range(0, 1) == Status::kBadConfig);
     CHECK(f.take(1, 1, &out) == Status::kBadConfig);
     CHECK(f.take_after(-1, 1) == 0);
+    CHECK_FALSE(f.contains(0));
     CHECK(f.validate(true));
   }
   FreeRuns d;
@@ -154,6 +156,12 @@ TEST_CASE("test_free_runs_take_after") {
   FreeRuns f = make(16, {{4, 4}, {10, 6}});
   CHECK(f.take_after(4, 2) == 2);  // from inside a run: splits it
   CHECK(f.runs() == Runs{{4, 1}, {7, 1}, {10, 6}});
+  CHECK(f.contains(4));
+  CHECK_FALSE(f.contains(5));
+  CHECK_FALSE(f.contains(6));
+  CHECK(f.contains(7));
+  CHECK(f.contains(15));
+  CHECK_FALSE(f.contains(16));
   CHECK(f.add_range(5, 2) == Status::kOk);
   CHECK(f.take_after(3, 2) == 2);  // grows a range that ends at 3
   CHECK(f.runs() == Runs{{6, 2}, {10, 6}});

@@ -121,7 +121,7 @@ Status expect_ids(const Ref& m, const std::vector<uint32_t>& ids,
   return Status::kOk;
 }
 
-void compare(const FreeRuns& f, const Ref& m) {
+void compare(const FreeRuns& f, const Ref& m, std::mt19937_64& rng) {
   REQUIRE(f.validate(true));
   const auto runs = m.runs();
   REQUIRE(f.runs() == runs);
@@ -129,6 +129,10 @@ void compare(const FreeRuns& f, const Ref& m) {
   REQUIRE(f.num_free() == m.num_free());
   const auto u = m.lengths();
   REQUIRE(f.largest_run() == (u.empty() ? 0 : u.front()));
+  for (int i = 0; i < 4; ++i) {
+    const int64_t b = static_cast<int64_t>(rng() % (m.n + 2)) - 1;
+    REQUIRE(f.contains(b) == (b >= 0 && b < m.n && m.free[b] != 0));
+  }
 }
 
 void run_random(uint32_t n, uint64_t num_ops, uint64_t seed) {
@@ -260,7 +264,7 @@ void run_random(uint32_t n, uint64_t num_ops, uint64_t seed) {
     } else {
       ++oks;
     }
-    compare(f, m);
+    compare(f, m, rng);
   }
   MESSAGE("n=" << n << " ops=" << num_ops << " ok=" << oks
                << " errors=" << errors << " multi=" << multi << " oom=" << oom

@@ -136,6 +136,7 @@ def test_free_runs_starts_empty(engine):
     f = engine.FreeRuns(16)
     assert (f.num_free, f.largest_run) == (0, 0)
     assert f.runs() == []
+    assert 0 not in f
     assert f.take_after(-1, 4) == 0
     assert f.validate()
     assert repr(f) == "FreeRuns(num_blocks=16, num_free=0, num_runs=0)"
@@ -413,9 +414,12 @@ def test_free_runs_take_errors_leave_state_unchanged(engine):
     assert f.num_free == 0
 
 
-def test_free_runs_properties_are_read_only(engine):
+def test_free_runs_contains_and_properties(engine):
     f = engine.FreeRuns(8)
     f.add([1, 2])
+    assert 1 in f and 2 in f and 0 not in f
+    assert -1 not in f and 8 not in f and 2**80 not in f
+    assert np.int64(1) in f and True in f  # ints by __index__
     with pytest.raises(AttributeError):
         f.num_free = 3
     assert f.runs() == [(1, 2)]
@@ -455,6 +459,48 @@ def test_free_runs_out_of_range_ids_reported_as_passed(engine, data, shown):
             rf"block {shown} not in \[0, 16\)$"
         ),
     )
+
+
+def _free_runs_8(engine):
+    f = engine.FreeRuns(8)
+    f.add([1, 2])
+    return f
+
+
+_NOT_INTS = {
+    "str": "1",
+    "bytes": b"1",
+    "float": 1.0,
+    "float-1.5": 1.5,
+    "None": None,
+    "tuple": (1,),
+    "list": [1],
+    "object": object(),
+    "complex": 1j,
+    "np.float64": np.float64(1),
+}
+
+
+def _check_contains_non_int(obj, key):
+    assert (key in obj) is False
+    assert key not in obj
+    assert 1 in obj and Index(1) in obj and np.int64(1) in obj
+
+
+@pytest.mark.parametrize("key", list(_NOT_INTS.values()), ids=list(_NOT_INTS))
+def test_free_runs_contains_non_int_is_false(engine, key):
+    # The stub's __contains__ takes any object; `"1" in obj` raised TypeError.
+    _check_contains_non_int(_free_runs_8(engine), key)
+
+
+class _BadIndex:
+    def __index__(self):
+        raise RuntimeError("boom")
+
+
+def test_free_runs_contains_index_error_propagates(engine):
+    with pytest.raises(RuntimeError, match="boom"):
+        _BadIndex() in _free_runs_8(engine)  # noqa: B015
 
 
 def test_free_runs_ids_whose_index_calls_back(engine):
@@ -526,6 +572,7 @@ def test_free_runs_python_engine_has_the_same_interface(py_engine):
         "validate",
         "num_free",
         "largest_run",
+        "__contains__",
         "__repr__",
     }
 
@@ -725,6 +772,8 @@ def _lockstep(py_engine, rng, n, steps):
         assert fr_state(p) == fr_state(c), where
         assert repr(p) == repr(c), where
         assert p.validate() and c.validate(), where
+        b = rng.randint(-1, n)
+        assert (b in p) == (b in c), where
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -789,6 +838,7 @@ def _loop(f, ids):
             f.add_range(0, 0)  # zero count
         with suppress(TypeError):
             f.add(["x"])
+        assert "x" not in f
         with suppress(ValueError):
             f.take(2, 0)  # max_ranges < 1
         f.runs()
@@ -817,7 +867,7 @@ def test_leak_no_growth_over_1e5_calls():
     grown = mem1 - mem0
     top = snap1.compare_to(snap0, "lineno")[:3]
     print(
-        f"leak check: {N} iterations x 16 calls; traced Python memory "
+        f"leak check: {N} iterations x 17 calls; traced Python memory "
         f"{grown:+d} B, RSS {rss1 - rss0:+d} KiB, refcounts "
         f"{ {n: sys.getrefcount(o) - refs[n] for n, o in objs.items()} }"
     )
