@@ -14,6 +14,15 @@
 # (default 15 MiB, under the device tool's 16 MiB a file) it is split into
 # TARBALL.part00, .part01, ...: `cat TARBALL.part* | tar -xJf -`. Exit code 0
 # once the run is done (make's own code is printed), 3 while it still runs.
+#
+# Several targets run one after the other in one detached run (make -k: a
+# failing one does not stop the next), e.g. the soak, then a suite:
+#   DETACH_TARGET="soak-gpu bench-gpu" SOAK_ARGS="" bash scripts/gpu/detach.sh \
+#     start --suites 1b-host-api4
+# The arguments after `start` go to bench-gpu / bench-offline, and to
+# soak-gpu unless SOAK_ARGS is set; the soak's results go to results/soak/.
+# The device host is given back after a short idle time, and a detached run
+# dies with it: poll again at once.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 dir=${DETACH_DIR:-/tmp/tagma-bench-run}
@@ -26,10 +35,10 @@ case ${1:-} in
     # The exit code lands in $dir/rc when make returns (a pid alone cannot
     # tell a finished run from a zombie nobody reaps).
     PYTHONUNBUFFERED=1 OUT_DIR="$dir/results" BENCH_GPU_ARGS="$*" DIR="$dir" \
-      TARGET="$target" setsid nohup bash -c 'make "$TARGET" \
-        BENCH_GPU_OUT="$OUT_DIR" BENCH_OFFLINE_OUT="$OUT_DIR" \
-        SOAK_OUT="$OUT_DIR" BENCH_GPU_ARGS="$BENCH_GPU_ARGS" \
-        SOAK_ARGS="$BENCH_GPU_ARGS"; echo $? >"$DIR/rc"' \
+      SOAK_ARGS="${SOAK_ARGS-$*}" TARGET="$target" setsid nohup bash -c \
+      'make -k $TARGET BENCH_GPU_OUT="$OUT_DIR" BENCH_OFFLINE_OUT="$OUT_DIR" \
+        SOAK_OUT="$OUT_DIR/soak" BENCH_GPU_ARGS="$BENCH_GPU_ARGS" \
+        SOAK_ARGS="$SOAK_ARGS"; echo $? >"$DIR/rc"' \
       >"$dir/bench.log" 2>&1 </dev/null &
     echo "started, log $dir/bench.log"
     ;;

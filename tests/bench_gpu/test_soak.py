@@ -196,3 +196,39 @@ def test_verdict_names_each_failure(break_it, message):
     break_it(result)
     fails = soak.verdict(result, 480)
     assert any(message in f for f in fails), fails
+
+
+def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path):
+    """detach.sh runs several targets one after the other: the soak (its own
+    arguments, results in results/soak/), then a serve suite."""
+    common = ["--bundle", str(fake_bundle), "--dest", str(tmp_path / "d")]
+    env = {
+        **os.environ,
+        "PATH": gpu_path,
+        "DETACH_DIR": str(tmp_path / "run"),
+        "DETACH_TARGET": "soak-gpu bench-gpu",
+        "SOAK_ARGS": " ".join([*common, "--seconds", "2", "--rate", "10"]),
+    }
+    script = str(GPU / "detach.sh")
+    start = subprocess.run(
+        ["bash", script, "start", *common, "--suites", "1b-host", "--order", "AB"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert start.returncode == 0, start.stderr
+    tarball = tmp_path / "results.tar.xz"
+    poll = subprocess.run(
+        ["bash", script, "poll", "240", str(tarball)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "finished (make exit code 0)" in poll.stdout, poll.stdout + poll.stderr
+    names = subprocess.run(
+        ["tar", "-tJf", str(tarball)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "results/soak/soak.json" in names
+    assert "results/1b-host/run2-tagma/run.json" in names
