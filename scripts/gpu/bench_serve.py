@@ -279,46 +279,65 @@ def _tail(path: Path, n: int = 25) -> str:
         return "(no log)"
 
 
+def server_env(pythonpath: str) -> dict[str, str]:
+    """The environment of every `vllm serve` the harness starts: the bundle's
+    packages first, offline, and the same sampler for both backends."""
+    return {
+        **os.environ,
+        "PYTHONPATH": pythonpath,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        # The image has no flashinfer; the same sampler for both backends.
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    }
+
+
+def serve_cmd(
+    suite: Suite, backend: str, port: int, model_dir: Path, run_dir: Path
+) -> list[str]:
+    """A suite's `vllm serve` command, with the profiler writing to run_dir."""
+    trace_dir = run_dir / "trace"
+    profiler = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(trace_dir),
+        "torch_profiler_with_stack": False,
+        "ignore_frontend": True,
+        "delay_iterations": PROFILE_DELAY,
+        "max_iterations": PROFILE_STEPS,
+    }
+    return [
+        *VLLM,
+        "serve",
+        str(model_dir),
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        str(suite.max_model_len),
+        "--port",
+        str(port),
+        "--seed",
+        "0",
+        "--kv-cache-backend",
+        backend,
+        "--profiler-config",
+        json.dumps(profiler),
+        *suite.server_args,
+    ]
+
+
 class Server:
+    """A `vllm serve` process: started on `cmd`, its output in
+    run_dir/server.log (and the command in server.cmd)."""
+
     def __init__(
-        self,
-        suite: Suite,
-        backend: str,
-        env: dict[str, str],
-        port: int,
-        model_dir: Path,
-        run_dir: Path,
+        self, cmd: list[str], env: dict[str, str], port: int, run_dir: Path
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = run_dir / "server.log"
-        trace_dir = run_dir / "trace"
-        profiler = {
-            "profiler": "torch",
-            "torch_profiler_dir": str(trace_dir),
-            "torch_profiler_with_stack": False,
-            "ignore_frontend": True,
-            "delay_iterations": PROFILE_DELAY,
-            "max_iterations": PROFILE_STEPS,
-        }
-        cmd = [
-            *VLLM,
-            "serve",
-            str(model_dir),
-            "--load-format",
-            "dummy",
-            "--max-model-len",
-            str(suite.max_model_len),
-            "--port",
-            str(port),
-            "--seed",
-            "0",
-            "--kv-cache-backend",
-            backend,
-            "--profiler-config",
-            json.dumps(profiler),
-            *suite.server_args,
-        ]
         (run_dir / "server.cmd").write_text(" ".join(cmd) + "\n")
         self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
@@ -380,6 +399,20 @@ def capacity(log_path: Path) -> dict:
     return out
 
 
+def read_metrics(text: str) -> dict[str, float]:
+    """/metrics text as {name: value}, each summed over its labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        except ValueError:
+            continue
+    return out
+
+
 class MetricsSampler(threading.Thread):
     """Polls /metrics: peak KV-cache usage and the preemption counter."""
 
@@ -394,12 +427,7 @@ class MetricsSampler(threading.Thread):
 
     @staticmethod
     def _read(text: str, name: str) -> float | None:
-        vals = [
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and not line.startswith("#")
-        ]
-        return sum(vals) if vals else None
+        return read_metrics(text).get(name)
 
     def poll(self) -> str:
         try:
@@ -579,7 +607,9 @@ def run_one(
     model_dir = paths["data"] / "models" / suite.model
     env = {**env, "TAGMA_SCHED_TRACE": str(run_dir)}
     log(f"{tag}: starting the server")
-    server = Server(suite, backend, env, port, model_dir, run_dir)
+    server = Server(
+        serve_cmd(suite, backend, port, model_dir, run_dir), env, port, run_dir
+    )
     try:
         ready = server.wait_ready(900)
         cap = capacity(server.log)
@@ -790,15 +820,7 @@ def main() -> int:
             f"this host has {len(gpus)}"
         )
     base_env = {
-        **os.environ,
-        "PYTHONPATH": f"{HERE / 'hook'}:{paths['site']}",
-        "PYTHONUNBUFFERED": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        # The image has no flashinfer; the same sampler for both backends.
-        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        **server_env(f"{HERE / 'hook'}:{paths['site']}"),
         # Multicast stays off on shared multi-GPU hosts.
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -34,10 +34,7 @@ import argparse
 import contextlib
 import http.client
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -160,20 +157,6 @@ def run_request(url: str, model: str, req: Req) -> Outcome:
     return out
 
 
-def read_metrics(text: str) -> dict[str, float]:
-    """Sums each metric's samples over its labels: {name: value}."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        try:
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        except ValueError:
-            continue
-    return out
-
-
 METRICS = {
     "usage": "vllm:kv_cache_usage_perc",
     "running": "vllm:num_requests_running",
@@ -184,7 +167,9 @@ METRICS = {
 
 
 def sample(url: str) -> dict[str, float]:
-    m = read_metrics(bench_serve._get(url + "/metrics", timeout=10).decode())
+    m = bench_serve.read_metrics(
+        bench_serve._get(url + "/metrics", timeout=10).decode()
+    )
     return {k: m.get(name, 0.0) for k, name in METRICS.items()}
 
 
@@ -251,14 +236,13 @@ def soak(
         t.join()
     stop.set()
     watcher.join()
+    for i in range(len(threads), len(reqs)):
+        outcomes[i] = Outcome("unsent")
     return {
         "arrivals_s": round(sent_at, 1),
         "sent": len(threads),
         "wall_s": round(time.monotonic() - t0, 1),
-        "outcomes": [
-            asdict(o) if o else None if i < len(threads) else asdict(Outcome("unsent"))
-            for i, o in enumerate(outcomes)
-        ],
+        "outcomes": [asdict(o) if o else None for o in outcomes],
         "timeline": timeline,
     }
 
@@ -402,15 +386,8 @@ def main() -> int:
         return 1
     model_dir = paths["data"] / "models" / MODEL
     port = bench_serve.free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
     env = {
-        **os.environ,
-        "PYTHONPATH": str(paths["site"]),
-        "PYTHONUNBUFFERED": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        **bench_serve.server_env(str(paths["site"])),
         "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
         "VLLM_CACHE_ROOT": str(Path(a.dest) / "vllm-cache" / "soak"),
     }
@@ -433,56 +410,28 @@ def main() -> int:
         "--gpu-memory-utilization",
         str(a.gpu_memory_utilization),
     ]
-    (out / "server.cmd").write_text(" ".join(cmd) + "\n")
     reqs = plan(a.seconds, a.rate)
-    log_path = out / "server.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+    server = bench_serve.Server(cmd, env, port, out)
+    try:
+        ready = server.wait_ready(900)
+        bench_serve.log(
+            f"server ready in {ready:.0f} s; {len(reqs)} requests over "
+            f"{a.seconds:.0f} s"
         )
-        try:
-            started = time.monotonic()
-            while True:
-                if proc.poll() is not None:
-                    print(
-                        f"soak: server exited while starting:\n"
-                        f"{bench_serve._tail(log_path)}",
-                        file=sys.stderr,
-                    )
-                    return 1
-                try:
-                    bench_serve._get(url + "/health", timeout=2)
-                    break
-                except OSError:
-                    if time.monotonic() - started > 900:
-                        print("soak: server not ready after 900 s", file=sys.stderr)
-                        return 1
-                    time.sleep(1)
-            bench_serve.log(
-                f"server ready in {time.monotonic() - started:.0f} s; "
-                f"{len(reqs)} requests over {a.seconds:.0f} s"
-            )
-            result = soak(url, str(model_dir), reqs, a.max_inflight, a.seconds)
-            result["idle"] = wait_idle(url, 120)
-            result["reset"] = reset_prefix_cache(url)
-            # The gauges are published per engine step: one short request
-            # after the reset makes them current, and must leave usage 0.
-            result["probe"] = run_request(url, str(model_dir), PROBE).status
-            result["after_probe"] = wait_idle(url, 60)
-            result["server_alive"] = proc.poll() is None
-            result["log_errors"] = log_errors(log_path.read_text(errors="replace"))
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+        result = soak(server.url, str(model_dir), reqs, a.max_inflight, a.seconds)
+        result["idle"] = wait_idle(server.url, 120)
+        result["reset"] = reset_prefix_cache(server.url)
+        # The gauges are published per engine step: one short request after
+        # the reset makes them current, and must leave usage 0.
+        result["probe"] = run_request(server.url, str(model_dir), PROBE).status
+        result["after_probe"] = wait_idle(server.url, 60)
+        result["server_alive"] = bench_serve._alive(server.proc)
+        result["log_errors"] = log_errors(server.log.read_text(errors="replace"))
+    except bench_serve.BenchError as e:
+        print(f"soak: {e}", file=sys.stderr)
+        return 1
+    finally:
+        server.stop()
     result["requests"] = [
         {
             "at": r.at,

@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the tagma-vllm project
 """Fixtures of the GPU harness tests: a bundle around the stand-in vLLM
-(fake/vllm) and a PATH with a stand-in nvidia-smi."""
+(fake/vllm), a PATH with a stand-in nvidia-smi, and scripts/gpu/detach.sh."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,3 +59,19 @@ def gpu_path(tmp_path: Path) -> str:
     smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, 143771 MiB'\n")
     smi.chmod(0o755)
     return f"{bin_dir}:{os.environ['PATH']}"
+
+
+@pytest.fixture
+def detach():
+    """Runs `detach.sh VERB ARGS...` in env: detach(env, "start", ...)."""
+
+    def run(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(GPU / "detach.sh"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

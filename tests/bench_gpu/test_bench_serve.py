@@ -212,27 +212,14 @@ def test_gate_prompts_are_fixed():
 
 
 def test_detached_run_outlives_its_command_and_packs_results(
-    fake_bundle, gpu_path, tmp_path
+    fake_bundle, gpu_path, tmp_path, detach
 ):
     env = {**os.environ, "PATH": gpu_path, "DETACH_DIR": str(tmp_path / "run")}
-    script = str(GPU / "detach.sh")
     args = ["--bundle", str(fake_bundle), "--dest", str(tmp_path / "d")]
-    start = subprocess.run(
-        ["bash", script, "start", *args, "--suites", "1b-host"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    start = detach(env, "start", *args, "--suites", "1b-host", timeout=60)
     assert start.returncode == 0, start.stderr
     tarball = tmp_path / "results.tar.xz"
-    poll = subprocess.run(
-        ["bash", script, "poll", "240", str(tarball)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    poll = detach(env, "poll", "240", str(tarball))
     assert poll.returncode == 0, poll.stdout + poll.stderr
     assert "finished" in poll.stdout
 
@@ -250,13 +237,7 @@ def test_detached_run_outlives_its_command_and_packs_results(
     assert "results/1b-host/run4-paged/run.json" in names
     assert not any("/trace/" in name for name in names)
     # Past the part size the pack comes in parts that join into the same.
-    poll = subprocess.run(
-        ["bash", script, "poll", "1", str(tarball)],
-        env={**env, "DETACH_PART_BYTES": "1024"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    poll = detach({**env, "DETACH_PART_BYTES": "1024"}, "poll", "1", str(tarball))
     assert poll.returncode == 0 and "parts: cat" in poll.stdout
     parts = sorted(tmp_path.glob("results.tar.xz.part*"))
     assert len(parts) > 1 and not tarball.exists()

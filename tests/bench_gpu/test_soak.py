@@ -53,7 +53,7 @@ def test_read_metrics_sums_labels_and_keeps_names_exact():
         'vllm:num_preemptions_created{engine="0"} 1.7e9\n'
         "vllm:kv_cache_usage_perc 0.25\n"
     )
-    m = soak.read_metrics(text)
+    m = soak.bench_serve.read_metrics(text)
     assert m["vllm:num_preemptions_total"] == 5.0
     assert m["vllm:kv_cache_usage_perc"] == 0.25
     assert m["vllm:num_preemptions_created"] == 1.7e9
@@ -198,7 +198,7 @@ def test_verdict_names_each_failure(break_it, message):
     assert any(message in f for f in fails), fails
 
 
-def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path):
+def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path, detach):
     """detach.sh runs several targets one after the other: the soak (its own
     arguments, results in results/soak/), then a serve suite."""
     common = ["--bundle", str(fake_bundle), "--dest", str(tmp_path / "d")]
@@ -209,23 +209,10 @@ def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path):
         "DETACH_TARGET": "soak-gpu bench-gpu",
         "SOAK_ARGS": " ".join([*common, "--seconds", "2", "--rate", "10"]),
     }
-    script = str(GPU / "detach.sh")
-    start = subprocess.run(
-        ["bash", script, "start", *common, "--suites", "1b-host", "--order", "AB"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    start = detach(env, "start", *common, "--suites", "1b-host", "--order", "AB")
     assert start.returncode == 0, start.stderr
     tarball = tmp_path / "results.tar.xz"
-    poll = subprocess.run(
-        ["bash", script, "poll", "240", str(tarball)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    poll = detach(env, "poll", "240", str(tarball))
     assert "finished (make exit code 0)" in poll.stdout, poll.stdout + poll.stderr
     names = subprocess.run(
         ["tar", "-tJf", str(tarball)], capture_output=True, text=True, check=True
