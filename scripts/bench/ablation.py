@@ -72,11 +72,8 @@ class PyRunsKVCacheManager(TagmaKVCacheManager):
 
 
 class NoHeadroomBlockPool(TagmaBlockPool):
-    def get_new_blocks_after(
-        self, last_block: KVCacheBlock | None, num_blocks: int
-    ) -> list[KVCacheBlock]:
-        self.room = 0
-        return super().get_new_blocks_after(last_block, num_blocks)
+    def _room(self, num_blocks: int) -> int:
+        return 0
 
 
 class NoHeadroomKVCacheManager(TagmaKVCacheManager):

@@ -115,8 +115,8 @@ class _Trace:
                 )
         if not runs:
             return
-        own = getattr(manager, "_num_ranges", None)
-        ranges = [own.get(r.request_id, 0) for r in sched.running] if own else []
+        count = getattr(manager, "get_num_ranges", None)  # tagma's own count
+        ranges = [count(r.request_id) for r in sched.running] if count else []
         self.out.write(
             f"R\t{time.time_ns()}\t{len(runs)}\t{sum(runs) / len(runs):.3f}\t"
             f"{max(runs)}\t"
