@@ -41,7 +41,7 @@ export TAGMA_BUILD := $(abspath $(BUILD))
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
-        test-conformance test-engine test-bindings bench-host bench-sched bench-construct format-check \
+        test-conformance test-engine test-bindings bench-host bench-sched bench-alloc bench-construct format-check \
         bundle bench-gpu bench-offline soak-gpu test-bench-gpu prereqs check-pins lint pins
 
 help: ## list the targets
@@ -145,6 +145,9 @@ bench-host: $(TOOLS) ## engine (FreeRuns) host benchmark: BENCH_RUNS runs, JSON 
 
 bench-sched: build-fork ## scheduler-thread benchmark, paged vs tagma (CPU, no model)
 	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/sched.py) $(BENCH_ARGS)
+
+bench-alloc: build-fork ## the two allocate_slots calls a decode step still makes (block completed, block boundary), per call, paged vs tagma (CPU)
+	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/alloc_calls.py) $(BENCH_ARGS)
 
 bench-construct: build-fork ## KV-cache manager start-up at 10^5 and 10^6 blocks, paged vs tagma (CPU): time, bytes per block
 	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/construct.py) $(BENCH_ARGS)
