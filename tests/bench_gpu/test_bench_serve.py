@@ -169,6 +169,23 @@ def test_suites_share_gpus_in_waves():
     assert bench_serve.plan([s["8b-tp2"]], [0]) == []
 
 
+def test_the_1b_poisson_suite_is_the_1b_suites_poisson_workload():
+    """More runs of one workload must measure what the two-workload suite
+    measured: same model, context, requests, arrival rate and server flags."""
+    import bench_serve
+
+    both = bench_serve.SUITES["1b-host-api4"]
+    alone = bench_serve.SUITES["1b-poisson-api4"]
+    (poisson,) = alone.workloads
+    assert poisson == both.workloads[1]
+    assert poisson.args[poisson.args.index("--request-rate") + 1] == "70"
+    assert (alone.model, alone.max_model_len, alone.server_args) == (
+        both.model,
+        both.max_model_len,
+        both.server_args,
+    )
+
+
 def test_side_by_side_suites_get_distinct_free_ports():
     import socket
 
