@@ -70,10 +70,71 @@ def steps_of(run_dir: Path, result: dict) -> list[dict]:
                         "running": int(s[5]),
                         "waiting": int(s[6]),
                         **dict(zip(FIELDS, map(int, c[2:6]), strict=True)),
+                        **_host_parts(s),
                     }
                 )
             prev = end
     return steps
+
+
+# Host-side parts of a step interval, in S-row columns (µs): schedule and
+# update, the KV manager inside them, and (traces from 2026-12-03 on) the
+# runner's execute_model, sample_tokens and the wait for sampled tokens.
+HOST_PARTS = {"schedule": 2, "update": 3, "kv": 4, "exec": 10, "sample": 11, "wait": 12}
+
+
+def _host_parts(s: list[str]) -> dict:
+    if len(s) <= HOST_PARTS["wait"]:
+        return {}
+    return {f"{k}_us": int(s[i]) / 1e3 for k, i in HOST_PARTS.items()}
+
+
+# Decode-only steps are compared in bins of this many running requests.
+BIN = 20
+MIN_BIN_STEPS = 30
+
+
+def host_split(by_backend: dict[str, list[tuple[str, list[dict]]]]) -> list[dict]:
+    """Where a decode-only step's interval goes, at equal running counts.
+
+    A step's interval depends on how many requests run; under arrivals over
+    time that count differs between backends (a slower step keeps requests
+    longer). Steps that admit nothing and prefill nothing are binned by
+    running requests; for the bins every run has MIN_BIN_STEPS in, each run's
+    mean interval and its parts (µs). `rest` is what the engine loop spent
+    outside the parts (new requests, outputs to the front end).
+    """
+    runs = [
+        (f"{b} {name}", steps) for b, rs in by_backend.items() for name, steps in rs
+    ]
+    bins: dict[str, dict[int, list[dict]]] = {}
+    for label, steps in runs:
+        for s in steps:
+            decode_only = s["decodes"] and not (s["prefill_tokens"] or s["admitted"])
+            if "exec_us" in s and decode_only:
+                per = bins.setdefault(label, {})
+                per.setdefault(s["running"] // BIN * BIN, []).append(s)
+    if len(bins) < len(runs):
+        return []
+    common = set.intersection(
+        *(
+            {b for b, xs in per.items() if len(xs) >= MIN_BIN_STEPS}
+            for per in bins.values()
+        )
+    )
+    rows = []
+    for lo in sorted(common):
+        for label, _ in runs:
+            xs = bins[label][lo]
+            us = {"interval_us": statistics.fmean(s["ms"] * 1e3 for s in xs)}
+            for k in HOST_PARTS:
+                us[f"{k}_us"] = statistics.fmean(s[f"{k}_us"] for s in xs)
+            parts = ("schedule", "update", "exec", "sample", "wait")
+            us["rest_us"] = us["interval_us"] - sum(us[f"{k}_us"] for k in parts)
+            rows.append(
+                {"running": f"{lo}-{lo + BIN - 1}", "run": label, "steps": len(xs)} | us
+            )
+    return rows
 
 
 def itl_dist(steps: list[dict]) -> list[float]:
@@ -284,6 +345,31 @@ def main() -> int:
                 "per 1K hit tokens"
             )
         lines.append("")
+        split = host_split(by_backend)
+        summary[f"{suite}/{workload}"]["host_split"] = split
+        if split:
+            split_cols = ["running", "run", "steps", "interval_us"]
+            split_cols += [f"{k}_us" for k in HOST_PARTS] + ["rest_us"]
+            lines += [
+                (
+                    "Decode-only steps at equal running counts, mean µs per step "
+                    "(kv is inside schedule + update; exec/sample: the runner's "
+                    "host calls; wait: for sampled tokens; rest: the engine loop):"
+                ),
+                "",
+                "| " + " | ".join(c.removesuffix("_us") for c in split_cols) + " |",
+                "|---" * len(split_cols) + "|",
+            ]
+            for r in split:
+                lines.append(
+                    "| "
+                    + " | ".join(
+                        f"{r[c]:.0f}" if isinstance(r[c], float) else str(r[c])
+                        for c in split_cols
+                    )
+                    + " |"
+                )
+            lines.append("")
     (out / "tail.md").write_text("\n".join(lines))
     (out / "tail.json").write_text(json.dumps(summary, indent=1))
     _plot(runs, out / "tail.png")

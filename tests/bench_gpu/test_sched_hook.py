@@ -37,11 +37,22 @@ s = bench.make_scheduler(sys.argv[2], 16, 4096, 4096)
 make = bench.request_factory("decode", "off", 0)
 for _ in range(16):
     s.add_request(make())
-import gc
+import gc, time, types
+# The model runner's side, as the engine core calls it with one GPU: the
+# executor's two calls and the wait for sampled tokens, each 2 ms here.
+from vllm.v1.executor import uniproc_executor as ex
+runner = types.SimpleNamespace(
+    collective_rpc=lambda *a, **k: time.sleep(0.002),
+    get_output=lambda: time.sleep(0.002),
+)
 for i in range(130):
     out = s.schedule()
     if i == 99:
         gc.collect()  # a collection between schedule and update: step 100's
+    if i == 110:
+        ex.UniProcExecutor.execute_model(runner, out)
+        ex.UniProcExecutor.sample_tokens(runner, None)
+        ex.AsyncOutputFuture(runner, True).result()
     s.update_from_output(out, bench.fake_output(out))
 print("runs", bench.runs_per_request(s))
 """
@@ -95,12 +106,19 @@ def test_trace_has_a_row_per_step_and_run_samples(backend, tmp_path):
         # The manager's time is inside schedule + update, never beside it.
         assert 0 < int(kv_ns) <= int(sched_ns) + int(update_ns)
         assert int(running) + int(waiting) <= 16
-        gc_ns, kv_top, kv_top_ns = rest
+        gc_ns, kv_top, kv_top_ns, *runner_ns = rest
         assert int(gc_ns) >= 0
         assert kv_top in hook.KV_METHODS
         assert 0 < int(kv_top_ns) <= int(kv_ns)
     # The forced collection lands in the step it happened in.
     assert int(steps[99][7]) > 0
+    # So do the runner calls (exec, sample, wait), and only there.
+    for i, row in enumerate(steps):
+        runner_ns = [int(x) for x in row[10:13]]
+        if i == 110:
+            assert all(2_000_000 <= ns < 200_000_000 for ns in runner_ns)
+        else:
+            assert runner_ns == [0, 0, 0]
     assert len(samples) == 2  # steps 64 and 128
     for _, _, n, runs_mean, runs_max, ranges_mean, ranges_max in samples:
         assert int(n) == 16 and float(runs_mean) >= 1 and int(runs_max) >= 1

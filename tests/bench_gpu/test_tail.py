@@ -163,3 +163,49 @@ def test_a_few_stray_prefix_hits_get_no_cost_of_their_own() -> None:
         for h in (0, 4096)
     ]  # fmt: skip
     assert tail.fit(steps)[3] == pytest.approx(0.0005)
+
+
+def _host_run(folder: Path, backend: str, exec_us: int) -> tuple[Path, dict]:
+    """Decode-only steps with the runner columns: 40 and then 90 running,
+    every step 1 ms + exec; schedule 100, update 50, kv 20, sample 30, wait 200."""
+    run = folder / f"run-{backend}"
+    run.mkdir(parents=True)
+    lines, t = [], T0
+    for i in range(200):
+        running = 40 if i < 100 else 90
+        lines.append(f"C\t{t}\t0\t0\t0\t{running}")
+        t += 1_000_000 + exec_us * 1000
+        lines.append(
+            f"S\t{t}\t100000\t50000\t20000\t{running}\t0\t0\t-\t0"
+            f"\t{exec_us * 1000}\t30000\t200000"
+        )
+    (run / "sched-1.tsv").write_text("\n".join(lines) + "\n")
+    window = [T0 / 1e9 - 1, t / 1e9 + 1]
+    result = {"workload": "w", "window": window, "main_window": window}
+    return run, result
+
+
+def test_host_split_compares_equal_running_counts(tmp_path: Path) -> None:
+    paged = tail.steps_of(*_host_run(tmp_path, "paged", 300))
+    tagma = tail.steps_of(*_host_run(tmp_path, "tagma", 600))
+    rows = tail.host_split({"paged": [("r1", paged)], "tagma": [("r2", tagma)]})
+    # Two bins (40-59 and 80-99), one row per run in each.
+    assert [(r["running"], r["run"]) for r in rows] == [
+        ("40-59", "paged r1"),
+        ("40-59", "tagma r2"),
+        ("80-99", "paged r1"),
+        ("80-99", "tagma r2"),
+    ]
+    for r in rows:
+        exec_us = 300 if r["run"].startswith("paged") else 600
+        assert r["exec_us"] == pytest.approx(exec_us)
+        assert r["interval_us"] == pytest.approx(1000 + exec_us)
+        # 1,000 us of interval minus schedule, update, sample and wait.
+        assert r["rest_us"] == pytest.approx(1000 - 100 - 50 - 30 - 200)
+        assert r["kv_us"] == pytest.approx(20)
+
+
+def test_host_split_needs_the_runner_columns(tmp_path: Path) -> None:
+    run, result = _run(tmp_path, "paged", [(20.0, 0, 0, 0, 3)] * 50)
+    steps = tail.steps_of(run, result)
+    assert steps and tail.host_split({"paged": [("r", steps)]}) == []

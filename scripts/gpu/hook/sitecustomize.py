@@ -6,10 +6,12 @@ Put this folder first on PYTHONPATH and set TAGMA_SCHED_TRACE=DIR: every
 Python process starts by importing this module, and the engine-core process,
 when it imports vLLM's scheduler, gets Scheduler.schedule,
 Scheduler.update_from_output and the KV-cache manager's entry points wrapped
-with perf_counter_ns. Each process appends to DIR/sched-<pid>.tsv:
+with perf_counter_ns; so do the in-process executor's calls into the model
+runner (vllm.v1.executor.uniproc_executor, the one-GPU default). Each
+process appends to DIR/sched-<pid>.tsv:
 
   S  wall_ns  schedule_ns  update_ns  kv_ns  running  waiting  gc_ns
-     kv_top  kv_top_ns                                         (one a step)
+     kv_top  kv_top_ns  exec_ns  sample_ns  wait_ns            (one a step)
   R  wall_ns  requests  runs_mean  runs_max  ranges_mean  ranges_max
   C  wall_ns  admitted  hit_tokens  prefill_tokens  decodes   (one a step)
 
@@ -19,7 +21,13 @@ range count. kv_ns is the time inside the manager, nested calls counted once;
 it is part of schedule_ns/update_ns, not added to them. gc_ns is the time
 the process spent in garbage collection since the previous step, and kv_top
 the manager entry point that took the most of kv_ns (kv_top_ns): what a slow
-step spent its time on. Without TAGMA_SCHED_TRACE this module only chains to
+step spent its time on. exec_ns and sample_ns are the engine thread's time in
+the runner's execute_model and sample_tokens (its host work: inputs, block
+tables, launches; under async scheduling the GPU runs behind it), wait_ns its
+time waiting for a step's sampled tokens (the GPU, when it is the bound),
+all since the previous S row; what the interval between S rows leaves after
+these and schedule/update is the engine loop's own work (new requests,
+outputs to the front end). Without TAGMA_SCHED_TRACE this module only chains to
 any other sitecustomize.
 
 C rows say what each step asked of the GPU, from the SchedulerOutput that
@@ -42,7 +50,8 @@ import sys
 import time
 from typing import Any
 
-TARGET = "vllm.v1.core.sched.scheduler"
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+EXECUTOR = "vllm.v1.executor.uniproc_executor"
 KV_METHODS = (
     "get_computed_blocks",
     "allocate_slots",
@@ -65,6 +74,7 @@ class _Trace:
         atexit.register(self.out.flush)
         self.sched_ns = self.kv_ns = self.depth = self.steps = 0
         self.gc_ns = self.gc_t0 = 0
+        self.exec_ns = self.sample_ns = self.wait_ns = 0
         self.kv_by_name: dict[str, int] = {}
         gc.callbacks.append(self.on_gc)
 
@@ -93,9 +103,10 @@ class _Trace:
         self.out.write(
             f"S\t{time.time_ns()}\t{self.sched_ns}\t{update_ns}\t{self.kv_ns}\t"
             f"{len(sched.running)}\t{len(sched.waiting)}\t{self.gc_ns}\t"
-            f"{top}\t{top_ns}\n"
+            f"{top}\t{top_ns}\t{self.exec_ns}\t{self.sample_ns}\t{self.wait_ns}\n"
         )
         self.sched_ns = self.kv_ns = self.gc_ns = 0
+        self.exec_ns = self.sample_ns = self.wait_ns = 0
         self.kv_by_name.clear()
         if self.steps % RUNS_EVERY == 0:
             self.sample_runs(sched)
@@ -145,14 +156,19 @@ def _timed_kv(trace: _Trace, name: str, fn: Any) -> Any:
     return wrapper
 
 
-def _instrument(cls: Any, folder: str) -> None:
+# The process's trace, made when its Scheduler is built: processes without
+# one (the front end, workers of other executors) write nothing.
+_TRACE: _Trace | None = None
+
+
+def _instrument_scheduler(module: Any, folder: str) -> None:
+    cls = module.Scheduler
     init, schedule, update = cls.__init__, cls.schedule, cls.update_from_output
-    trace: _Trace | None = None
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        nonlocal trace
+        global _TRACE
         init(self, *args, **kwargs)
-        trace = _Trace(folder)
+        trace = _TRACE = _Trace(folder)
         for name in KV_METHODS:
             fn = getattr(self.kv_cache_manager, name, None)
             if fn is not None:
@@ -161,16 +177,16 @@ def _instrument(cls: Any, folder: str) -> None:
     def timed_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
         out = schedule(self, *args, **kwargs)
-        if trace is not None:
-            trace.sched_ns += time.perf_counter_ns() - t0
-            trace.composition(out)
+        if _TRACE is not None:
+            _TRACE.sched_ns += time.perf_counter_ns() - t0
+            _TRACE.composition(out)
         return out
 
     def timed_update(self: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
         out = update(self, *args, **kwargs)
-        if trace is not None:
-            trace.step(self, time.perf_counter_ns() - t0)
+        if _TRACE is not None:
+            _TRACE.step(self, time.perf_counter_ns() - t0)
         return out
 
     cls.__init__ = __init__
@@ -178,14 +194,42 @@ def _instrument(cls: Any, folder: str) -> None:
     cls.update_from_output = timed_update
 
 
+def _timed(fn: Any, counter: str) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if _TRACE is not None:
+                ns = time.perf_counter_ns() - t0
+                setattr(_TRACE, counter, getattr(_TRACE, counter) + ns)
+
+    return wrapper
+
+
+def _instrument_executor(module: Any, folder: str) -> None:
+    executor = module.UniProcExecutor
+    executor.execute_model = _timed(executor.execute_model, "exec_ns")
+    executor.sample_tokens = _timed(executor.sample_tokens, "sample_ns")
+    # Under async scheduling the engine waits for a step's tokens here.
+    future = module.AsyncOutputFuture
+    future.result = _timed(future.result, "wait_ns")
+
+
+TARGETS = {SCHEDULER: _instrument_scheduler, EXECUTOR: _instrument_executor}
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, folder: str) -> None:
         self.folder = folder
+        self.pending = dict(TARGETS)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != TARGET:
+        instrument = self.pending.pop(name, None)
+        if instrument is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.pending:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
@@ -194,7 +238,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_and_instrument(module: Any) -> None:
             exec_module(module)
-            _instrument(module.Scheduler, folder)
+            instrument(module, folder)
 
         loader.exec_module = exec_and_instrument  # type: ignore[method-assign]
         return spec
