@@ -5,7 +5,7 @@
     python3 scripts/gpu/report.py DIR
     python3 scripts/gpu/report.py --out OUT DIR1 DIR2 ...
 
-Reads DIR/<suite>/run<i>-<backend>/run.json (+ sched-*.tsv where they came
+Reads DIR/<suite>/run<i>-<backend>/run.json (+ sched-*.tsv[.xz] where they came
 back), writes report.md, summary.json and <suite>.png into DIR, or into OUT
 when several folders (passes of the same stack, e.g. ABBA then BAAB) are
 pooled; a pooled run is named pass.run. Every metric is the median over a
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 import statistics
 from pathlib import Path
@@ -88,12 +89,24 @@ def main_run(rows: list[list[str]], result: dict) -> tuple[int, int] | None:
     return start, max(busy)
 
 
+def trace_files(run_dir: Path) -> list[Path]:
+    """A run's scheduler traces, one per engine process: sched-<pid>.tsv as
+    the hook writes them, or .tsv.xz as results/ keeps them (10x smaller)."""
+    return sorted(run_dir.glob("sched-*.tsv")) + sorted(run_dir.glob("sched-*.tsv.xz"))
+
+
+def trace_lines(path: Path) -> list[str]:
+    if path.suffix == ".xz":
+        return lzma.decompress(path.read_bytes()).decode().splitlines()
+    return path.read_text().splitlines()
+
+
 def read_trace(run_dir: Path) -> list[list[str]]:
     """A run's scheduler-trace rows (all engine processes), read once a run."""
     return [
         f
-        for tsv in run_dir.glob("sched-*.tsv")
-        for line in tsv.read_text().splitlines()
+        for tsv in trace_files(run_dir)
+        for line in trace_lines(tsv)
         if len(f := line.split("\t")) >= 7
     ]
 

@@ -5,7 +5,7 @@
     python3 scripts/gpu/tail.py DIR [--workload prefix] [--out OUT]
 
 Reads the engine's per-step trace of every run under DIR/<suite>/run*/
-(sched-*.tsv with C rows, see hook/sitecustomize.py) and, for the workload's
+(sched-*.tsv[.xz] with C rows, see hook/sitecustomize.py) and, for the workload's
 main run, pairs each step's composition (requests admitted, prefix-hit
 tokens, prefill tokens, decodes) with its duration: the time from the
 previous step's output to this one's, which is what each decoding request in
@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import main_run  # noqa: E402
+from report import main_run, trace_files, trace_lines  # noqa: E402
 
 FIELDS = ("admitted", "hit_tokens", "prefill_tokens", "decodes")
 
@@ -48,8 +48,8 @@ def _pct(xs: list[float], q: float) -> float:
 def steps_of(run_dir: Path, result: dict) -> list[dict]:
     """The main run's steps of one workload: duration and composition."""
     steps: list[dict] = []
-    for tsv in sorted(run_dir.glob("sched-*.tsv")):
-        rows = [line.split("\t") for line in tsv.read_text().splitlines()]
+    for tsv in trace_files(run_dir):
+        rows = [line.split("\t") for line in trace_lines(tsv)]
         comps = [r for r in rows if r[0] == "C"]
         ends = [r for r in rows if r[0] == "S"]
         if not comps:
