@@ -397,7 +397,7 @@ def _plot(runs: dict, path: Path) -> None:
                     ".",
                     ms=3,
                     color=colors[backend],
-                    alpha=0.8 - 0.3 * i,
+                    alpha=max(0.2, 0.8 - 0.2 * i),  # four runs or more stay visible
                     label=label,
                 )
                 row[1].scatter(

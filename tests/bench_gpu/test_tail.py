@@ -209,3 +209,14 @@ def test_host_split_needs_the_runner_columns(tmp_path: Path) -> None:
     run, result = _run(tmp_path, "paged", [(20.0, 0, 0, 0, 3)] * 50)
     steps = tail.steps_of(run, result)
     assert steps and tail.host_split({"paged": [("r", steps)]}) == []
+
+
+def test_plot_takes_many_runs_per_backend(tmp_path: Path) -> None:
+    steps = tail.steps_of(*_host_run(tmp_path, "paged", 300))
+    runs = {
+        ("s", "w"): {
+            b: [(f"r{i}", steps) for i in range(6)] for b in ("paged", "tagma")
+        }
+    }
+    tail._plot(runs, tmp_path / "tail.png")
+    assert (tmp_path / "tail.png").stat().st_size > 0
