@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "scripts/gpu"
 sys.path.insert(0, str(GPU))
 
+import bench_serve  # noqa: E402
 import profile_trace  # noqa: E402
 
 
@@ -155,7 +156,6 @@ def test_missing_or_corrupt_bundle_and_no_gpu(fake_bundle, gpu_path, tmp_path):
 
 
 def test_suites_share_gpus_in_waves():
-    import bench_serve
 
     s = bench_serve.SUITES
     waves = bench_serve.plan(
@@ -172,7 +172,6 @@ def test_suites_share_gpus_in_waves():
 def test_the_1b_poisson_suite_is_the_1b_suites_poisson_workload():
     """More runs of one workload must measure what the two-workload suite
     measured: same model, context, requests, arrival rate and server flags."""
-    import bench_serve
 
     both = bench_serve.SUITES["1b-host-api4"]
     alone = bench_serve.SUITES["1b-poisson-api4"]
@@ -189,7 +188,6 @@ def test_the_1b_poisson_suite_is_the_1b_suites_poisson_workload():
 def test_side_by_side_suites_get_distinct_free_ports():
     import socket
 
-    import bench_serve
 
     ports = bench_serve.free_ports(4)
     assert len(set(ports)) == 4
@@ -220,7 +218,6 @@ def test_profile_steps_are_delimited_by_slot_mapping_launches():
 
 
 def test_gate_prompts_are_fixed():
-    import bench_serve
 
     a = bench_serve.gate_prompts((5, 300))
     assert a == bench_serve.gate_prompts((5, 300))
@@ -260,3 +257,27 @@ def test_detached_run_outlives_its_command_and_packs_results(
     assert len(parts) > 1 and not tarball.exists()
     assert all(p.stat().st_size <= 1024 for p in parts)
     assert listing(b"".join(p.read_bytes() for p in parts)) == names
+
+
+def test_detailed_results_keep_what_tail_reads(tmp_path):
+    path = tmp_path / "w.bench.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mean_ttft_ms": 12.3456789,
+                "ttfts": [0.0123456789, 0.02],
+                "itls": [[0.00312345678, 0.004], []],
+                "output_lens": [3, 1],
+                "generated_texts": ["x" * 1000, "y"],
+            }
+        )
+    )
+    slim = bench_serve.slim_detailed(path)
+    assert json.loads(path.read_text()) == slim
+    # Summary values untouched, times to 10 us, the texts gone.
+    assert slim == {
+        "mean_ttft_ms": 12.3456789,
+        "ttfts": [0.01235, 0.02],
+        "itls": [[0.00312, 0.004], []],
+        "output_lens": [3, 1],
+    }
