@@ -188,7 +188,6 @@ def test_the_1b_poisson_suite_is_the_1b_suites_poisson_workload():
 def test_side_by_side_suites_get_distinct_free_ports():
     import socket
 
-
     ports = bench_serve.free_ports(4)
     assert len(set(ports)) == 4
     for port in ports:  # free: each can be bound right away
