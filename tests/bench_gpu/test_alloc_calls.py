@@ -61,3 +61,46 @@ def test_an_unknown_variant_is_named():
         sys.path.pop(0)
     with pytest.raises(SystemExit, match="unknown variant 'pagd'"):
         alloc_calls.manager_cls("pagd")
+
+
+WALKS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import alloc_calls, held_only
+out = {}
+for name in ("paged", "tagma", "held_only.PagedHeldOnly", "held_only.TagmaHeldOnly"):
+    cls = alloc_calls.manager_cls(name)
+    walks = []
+    import vllm.v1.core.kv_cache_coordinator as coord
+    base = coord.KVCacheCoordinator.get_num_blocks_to_allocate
+
+    def counting(self, *a, **k):
+        walks.append(1)
+        return base(self, *a, **k)
+
+    coord.KVCacheCoordinator.get_num_blocks_to_allocate = counting
+    try:
+        times = alloc_calls.one_run(cls, 8, 32)
+    finally:
+        coord.KVCacheCoordinator.get_num_blocks_to_allocate = base
+    out[name] = [len(times["boundary"]), len(walks)]
+print(json.dumps(out))
+"""
+
+
+def test_held_only_variants_send_the_boundary_step_down_the_general_path():
+    r = subprocess.run(
+        [sys.executable, "-c", WALKS, str(ROOT / "scripts/bench")],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, (boundary, walks) in out.items():
+        assert boundary == 8 * 2, name
+        # Every manager walks once per admission (8 requests); the series'
+        # place the next block without it, the variants walk again for it.
+        expected = 8 + (boundary if "held_only" in name else 0)
+        assert walks == expected, (name, walks)
