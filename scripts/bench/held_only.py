@@ -3,9 +3,10 @@
 """Managers that answer only held decode steps without the general path.
 
 Benchmark variants for `alloc_calls.py --variants held_only.PagedHeldOnly,
-paged,held_only.TagmaHeldOnly,tagma` (with scripts/bench on PYTHONPATH): the
-same managers, with the decode step that crosses a block boundary sent down
-upstream's general path, as before the held-slots patch answered it too.
+paged,held_only.TagmaHeldOnly,tagma` (alloc_calls.py puts scripts/bench on
+the path): the same managers, with the decode step that crosses a block
+boundary sent down upstream's general path, as before the held-slots patch
+answered it too.
 """
 
 from __future__ import annotations
