@@ -44,6 +44,16 @@ CANONICAL_CONFIG = (
 )  # fmt: skip
 
 
+# Files git keeps while a command that rewrites history is stopped.
+_IN_PROGRESS = (
+    ("rebase-merge", "a rebase"),
+    ("rebase-apply", "a rebase or git am"),
+    ("CHERRY_PICK_HEAD", "a cherry-pick"),
+    ("REVERT_HEAD", "a revert"),
+    ("MERGE_HEAD", "a merge"),
+)
+
+
 class GitError(RuntimeError):
     """A git command failed; carries its command line and output."""
 
@@ -142,11 +152,24 @@ class Git:
         env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
         return self.run_bytes(*CANONICAL_CONFIG, *args, env=env).stdout
 
-    def am_in_progress(self) -> bool:
+    def _git_dir(self) -> Path:
         git_dir = Path(self.out("rev-parse", "--git-dir"))
-        if not git_dir.is_absolute():
-            git_dir = self.cwd / git_dir
-        return (git_dir / "rebase-apply").exists()
+        return git_dir if git_dir.is_absolute() else self.cwd / git_dir
+
+    def am_in_progress(self) -> bool:
+        return (self._git_dir() / "rebase-apply").exists()
+
+    def operation_in_progress(self) -> str | None:
+        """The history-editing command stopped mid-way in this tree, or None.
+
+        A rebase stopped at an `edit` step leaves a clean status, yet HEAD
+        is only part of the stack.
+        """
+        git_dir = self._git_dir()
+        for marker, name in _IN_PROGRESS:
+            if (git_dir / marker).exists():
+                return name
+        return None
 
     def unmerged_files(self) -> list[str]:
         out = self.out("diff", "--name-only", "--diff-filter=U")

@@ -77,6 +77,14 @@ def _worktree_problem(layout: trees.Layout) -> str | None:
             f"  Recreate it: make worktree FORCE=1 VLLM_VERSION={v} "
             "(this discards its commits)"
         )
+    operation = git.operation_in_progress()
+    if operation:
+        return (
+            f"{wt} is in the middle of {operation}: its HEAD is part of the "
+            "stack only.\n"
+            f"  Finish it (git -C {wt} rebase --continue, or the command's "
+            "--continue) or abort it (--abort), then make export."
+        )
     status = git.out("status", "--porcelain", "--untracked-files=all")
     if status:
         return (

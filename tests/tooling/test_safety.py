@@ -44,6 +44,27 @@ def test_export_refuses_a_worktree_on_another_base(two_patches: Project) -> None
     assert ops.export(layout) == []
 
 
+def test_export_refuses_a_rebase_stopped_mid_stack(two_patches: Project) -> None:
+    """A rebase stopped at an `edit` step leaves a clean status and a HEAD
+    that is part of the stack: exporting it would drop the later patches."""
+    layout = two_patches.layout
+    ops.worktree(layout, force=True)
+    git = Git(layout.worktree)
+    base = trees.base_ref(layout.version)
+    env = {"GIT_SEQUENCE_EDITOR": "sed -i 1s/^pick/edit/"}
+    git.run("rebase", "-q", "-i", base, env=env)
+    assert git.out("status", "--porcelain") == ""
+    before = two_patches.snapshot()
+    for verb in (ops.export, ops.worktree):
+        with pytest.raises(ToolError, match="in the middle of a rebase") as e:
+            verb(layout)
+        assert "rebase --continue" in str(e.value)
+    assert two_patches.snapshot() == before
+    # Finished, the stack exports unchanged.
+    git.run("rebase", "--continue")
+    assert ops.export(layout) == []
+
+
 def test_untracked_file_is_named_and_the_advice_leads_through(
     two_patches: Project,
 ) -> None:
