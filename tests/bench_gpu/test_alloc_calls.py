@@ -25,26 +25,26 @@ print(json.dumps({k: [len(v), min(v)] for k, v in times.items()}))
 """
 
 
-@pytest.mark.parametrize("variant", ["paged", "tagma"])
-def test_each_request_makes_one_call_of_each_kind_per_block(variant):
+def run_script(script: str, *args: str) -> dict:
+    """Run a driver in a fresh interpreter (vLLM's import-time state stays
+    out of this process) and return the JSON it prints last."""
     probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True)
     if probe.returncode != 0:
         pytest.fail("needs `make build-fork` (vllm importable from the pin's venv)")
     r = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            DRIVER,
-            str(ROOT / "scripts/bench/alloc_calls.py"),
-            variant,
-        ],
+        [sys.executable, "-c", script, *args],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    counts = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant", ["paged", "tagma"])
+def test_each_request_makes_one_call_of_each_kind_per_block(variant):
+    counts = run_script(DRIVER, str(ROOT / "scripts/bench/alloc_calls.py"), variant)
     # 32 requests, 64 decode steps: every request completes 4 blocks (held
     # call: its blocks hold the token, the block is cached) and needs 4 new
     # ones (boundary call); the other 56 steps make no call.
@@ -66,38 +66,27 @@ def test_an_unknown_variant_is_named():
 WALKS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import alloc_calls, held_only
+import alloc_calls
+from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+walks = []
+base = KVCacheCoordinator.get_num_blocks_to_allocate
+
+def counting(self, *a, **k):
+    walks.append(1)
+    return base(self, *a, **k)
+
+KVCacheCoordinator.get_num_blocks_to_allocate = counting
 out = {}
 for name in ("paged", "tagma", "held_only.PagedHeldOnly", "held_only.TagmaHeldOnly"):
-    cls = alloc_calls.manager_cls(name)
-    walks = []
-    import vllm.v1.core.kv_cache_coordinator as coord
-    base = coord.KVCacheCoordinator.get_num_blocks_to_allocate
-
-    def counting(self, *a, **k):
-        walks.append(1)
-        return base(self, *a, **k)
-
-    coord.KVCacheCoordinator.get_num_blocks_to_allocate = counting
-    try:
-        times = alloc_calls.one_run(cls, 8, 32)
-    finally:
-        coord.KVCacheCoordinator.get_num_blocks_to_allocate = base
+    walks.clear()
+    times = alloc_calls.one_run(alloc_calls.manager_cls(name), 8, 32)
     out[name] = [len(times["boundary"]), len(walks)]
 print(json.dumps(out))
 """
 
 
 def test_held_only_variants_send_the_boundary_step_down_the_general_path():
-    r = subprocess.run(
-        [sys.executable, "-c", WALKS, str(ROOT / "scripts/bench")],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_script(WALKS, str(ROOT / "scripts/bench"))
     for name, (boundary, walks) in out.items():
         assert boundary == 8 * 2, name
         # Every manager walks once per admission (8 requests); the series'
