@@ -95,10 +95,15 @@ def trace_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("sched-*.tsv")) + sorted(run_dir.glob("sched-*.tsv.xz"))
 
 
-def trace_lines(path: Path) -> list[str]:
+def read_text(path: Path) -> str:
+    """A file as written, or its .xz as results/ keeps it."""
     if path.suffix == ".xz":
-        return lzma.decompress(path.read_bytes()).decode().splitlines()
-    return path.read_text().splitlines()
+        return lzma.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
+def trace_lines(path: Path) -> list[str]:
+    return read_text(path).splitlines()
 
 
 def read_trace(run_dir: Path) -> list[list[str]]:

@@ -13,7 +13,8 @@ the step waited for its token. Repeating a step's duration once per decode
 gives the engine-side ITL distribution, whose p99 the client's ITL p99
 follows as long as the front end keeps up; where it falls behind, it sends
 several tokens in one chunk, which the client counts as one long gap (the
-`tokens per client chunk` row, from <workload>.bench.json where it is kept).
+`tokens per client chunk` row, from <workload>.bench.json[.xz] where it is
+kept).
 For each backend it reports that distribution, what the steps in
 its tail carried, and a least-squares model of step time from composition
 fitted on the other backend, so a step that is slower than its work explains
@@ -35,7 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import main_run, trace_files, trace_lines  # noqa: E402
+from report import main_run, read_text, trace_files, trace_lines  # noqa: E402
 
 FIELDS = ("admitted", "hit_tokens", "prefill_tokens", "decodes")
 
@@ -175,8 +176,10 @@ def predict(coef: list[float], s: dict) -> float:
 def client_side(run_dir: Path, workload: str) -> dict:
     """Client ITL p99, output tokens per streamed chunk and the TTFTs (ms)
     from the bench's per-request lists, or NaNs where they were not kept."""
-    path = run_dir / f"{workload}.bench.json"
-    bench = json.loads(path.read_text()) if path.exists() else {}
+    # results/ keeps the per-request lists xz-compressed (5-8x smaller).
+    paths = [run_dir / f"{workload}.bench.json{x}" for x in ("", ".xz")]
+    found = [p for p in paths if p.exists()]
+    bench = json.loads(read_text(found[0])) if found else {}
     itls = [x * 1e3 for per_req in bench.get("itls", []) for x in per_req]
     chunks = sum(1 + len(x) for x in bench.get("itls", []))
     tokens = sum(bench.get("output_lens", []))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import lzma
 import subprocess
 import sys
 from pathlib import Path
@@ -118,8 +119,13 @@ def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
     suite = tmp_path / "res" / "s"
     _run(suite, "paged", _workload(0.0, 20))
     run, _ = _run(suite, "tagma", _workload(40.0, 20))
-    (run / "prefix.bench.json").write_text(
-        json.dumps({"ttfts": [0.05, 0.5], "itls": [[0.02], []], "output_lens": [2, 1]})
+    # As results/ keeps it: xz-compressed.
+    (run / "prefix.bench.json.xz").write_bytes(
+        lzma.compress(
+            json.dumps(
+                {"ttfts": [0.05, 0.5], "itls": [[0.02], []], "output_lens": [2, 1]}
+            ).encode()
+        )
     )
     for name in ("run-paged", "run-tagma"):
         (suite / name).rename(suite / f"run{1 if 'paged' in name else 2}-{name[4:]}")
