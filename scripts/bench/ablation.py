@@ -9,6 +9,10 @@ no switch for them:
 - `StockKVCacheManager`: upstream's `KVCacheManager` as released, without
   the series' held-slots answer in `allocate_slots` (the decode step that
   needs no new block), i.e. paged before that patch.
+- `ReleasedBlockIdsKVCacheManager`: paged whose `KVCacheBlocks` answer
+  `get_block_ids(allow_none=True)` by the generator over the groups that
+  vLLM as released runs (the held-slots patch asks `not any(...)`), the
+  scheduler asking once per scheduled request per step.
 - `CallEveryStepKVCacheManager`, `TagmaCallEveryStepKVCacheManager`: paged
   and tagma with the held-slots answer in `allocate_slots` but no
   `held_slots` entries, so the scheduler still calls `allocate_slots` for
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 
-from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.tagma_kv_cache_manager import TagmaBlockPool, TagmaKVCacheManager
 from vllm.v1.request import Request
@@ -40,6 +44,27 @@ class StockKVCacheManager(KVCacheManager):
         super().__init__(*args, **kwargs)
         # allocate_slots then always takes the coordinator walk.
         self._held_slots_manager = None
+
+
+class _ReleasedBlockIds(KVCacheBlocks):
+    def get_block_ids(self, allow_none: bool = False):  # type: ignore[override]
+        if allow_none and all(len(group) == 0 for group in self.blocks):
+            return None
+        return super().get_block_ids()
+
+
+class ReleasedBlockIdsKVCacheManager(KVCacheManager):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Every KVCacheBlocks the scheduler gets from this manager.
+        self.empty_kv_cache_blocks = _ReleasedBlockIds(
+            self.empty_kv_cache_blocks.blocks
+        )
+
+    def create_kv_cache_blocks(
+        self, blocks: tuple[list[KVCacheBlock], ...]
+    ) -> KVCacheBlocks:
+        return _ReleasedBlockIds(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
 
 class _CallEveryStep:

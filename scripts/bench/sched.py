@@ -65,6 +65,7 @@ VARIANTS = {
     "paged": ("paged", None),
     "tagma": ("tagma", None),
     "paged-stock": ("paged", "ablation.StockKVCacheManager"),
+    "paged-released-ids": ("paged", "ablation.ReleasedBlockIdsKVCacheManager"),
     "paged-call-every-step": ("paged", "ablation.CallEveryStepKVCacheManager"),
     "tagma-call-every-step": ("paged", "ablation.TagmaCallEveryStepKVCacheManager"),
     "tagma-pyruns": ("paged", "ablation.PyRunsKVCacheManager"),
