@@ -69,6 +69,7 @@ VARIANTS = {
     "paged-call-every-step": ("paged", "ablation.CallEveryStepKVCacheManager"),
     "tagma-call-every-step": ("paged", "ablation.TagmaCallEveryStepKVCacheManager"),
     "tagma-pyruns": ("paged", "ablation.PyRunsKVCacheManager"),
+    "tagma-both-books": ("paged", "ablation.BothBooksKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
     "tagma-lru": ("paged", "ablation.LruEvictionKVCacheManager"),
 }
