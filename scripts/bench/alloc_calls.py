@@ -14,9 +14,10 @@ steps that `held_slots` covers are skipped.
 
 Variants: `paged`, `tagma`, or any KVCacheManager subclass as `module.Class`
 (importable from PYTHONPATH, e.g. a manager module from an older stack, for
-a before/after). Order v1..vk vk..v1, `--repeats` times, a fresh manager per
-run; per run the median call time of each kind, then the median and p10-p90
-over runs. One process, no model, CPU.
+a before/after). Order v1..vk vk..v1 per repeat, rotated by one variant
+each repeat (common.mirrored_order), a fresh manager per run; per run the
+median call time of each kind, then the median and p10-p90 over runs. One
+process, no model, CPU.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, env_info, metric, write_result  # noqa: E402
+from common import (  # noqa: E402
+    ROOT,
+    env_info,
+    metric,
+    mirrored_order,
+    write_result,
+)
 
 BLOCK_SIZE = 16
 KINDS = ("held", "boundary")
@@ -159,7 +166,7 @@ def main() -> int:
     per_run: dict[str, dict[str, list[float]]] = {
         v: {k: [] for k in KINDS} for v in variants
     }
-    order = (variants + variants[::-1]) * args.repeats
+    order = mirrored_order(variants, args.repeats)
     for i, v in enumerate(order, 1):
         times = one_run(classes[v], args.n, args.steps)
         for kind in KINDS:

@@ -95,3 +95,18 @@ def write_result(
     }
     path.write_text(json.dumps(doc, indent=1))
     return path
+
+
+def mirrored_order(variants: list[str], repeats: int) -> list[str]:
+    """The runs of an in-process A/B bench: v1..vk vk..v1 per repeat (a
+    linear drift cancels), rotated by one variant each repeat. The mirror
+    runs one variant twice back to back, and the second of two runs in one
+    process can be the slower (heap state); the rotation gives that place,
+    and the repeat boundary, to each variant in turn, so with `repeats` a
+    multiple of k no variant carries it more than another."""
+    order = []
+    for rep in range(repeats):
+        r = rep % len(variants)
+        block = variants[r:] + variants[:r]
+        order += block + block[::-1]
+    return order

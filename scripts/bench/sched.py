@@ -20,8 +20,9 @@ evicted before they come back, and the free pool is cached blocks, as in a
 server that has run for a while.
 
 `--variants` adds ablation variants (ablation.py), plugged in through the
-KV-cache manager plug-in point; with k variants the order is v1..vk vk..v1,
-`--repeats` times.
+KV-cache manager plug-in point. Order v1..vk vk..v1 per repeat, rotated by
+one variant each repeat (common.mirrored_order: balanced when `--repeats` is
+a multiple of k).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, env_info, metric, write_result  # noqa: E402
+from common import (  # noqa: E402
+    ROOT,
+    env_info,
+    metric,
+    mirrored_order,
+    write_result,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -262,6 +269,9 @@ def run_one(
     seed: int,
 ) -> dict:
     max_len = 4096
+    # The previous run's scheduler is cyclic garbage: free it before this
+    # one is built, so every run starts from the same heap.
+    gc.collect()
     if prefix == "pressure":
         num_blocks = PRESSURE_NUM_BLOCKS
     else:
@@ -363,7 +373,7 @@ def main() -> int:
             b: {"step": [], "kv": [], "runs": [], "kv_share": [], "hits": []}
             for b in variants
         }
-        order = (variants + variants[::-1]) * args.repeats
+        order = mirrored_order(variants, args.repeats)
         for rep, backend in enumerate(order):
             r = run_one(
                 backend,
