@@ -129,6 +129,7 @@ HOST_API4 = ["--max-num-seqs", "1024", "--api-server-count", "4"]
 # H200 (89-99 requests/s): several hundred requests running with admissions
 # every step, for about a minute.
 HOST_POISSON = Workload("host-poisson", _random(128, 256, 4096) + _poisson(70))
+HOST_BURST = Workload("host-1024", _random(128, 256, 1024, "--max-concurrency", "1024"))
 # The ITL tail: the 16K prefix burst, and arrivals over time at about 75 % of
 # what the burst runs sustained on the H200 (8b-16k: ShareGPT 38 requests/s,
 # prefix 16 requests/s), long enough (~30 s, about 1,000 requests) for a
@@ -214,6 +215,16 @@ SUITES = {
             ],
             gate_lens=(8, 512, 8192),
         ),
+        # 8b-128k's long workload alone: the ShareGPT burst of 300 is
+        # superseded by 8b-128k-tail's 1,200, and a run without it and the
+        # profile fits more runs in a device session.
+        Suite(
+            "8b-128k-long",
+            "llama-3.1-8b",
+            131072,
+            [Workload("long-120k", _random(120000, 256, 2), warmups=0)],
+            gate_lens=(8, 64, 512, 2048, 8192, 32768),
+        ),
         # 8b-128k's ShareGPT burst with four API servers: a single API
         # server falls behind tagma's token stream there (more tokens per
         # streamed chunk than under paged, docs/itl-tail.md), so this
@@ -248,12 +259,16 @@ SUITES = {
             "1b-host-api4",
             "llama-3.2-1b",
             4096,
-            [
-                Workload(
-                    "host-1024", _random(128, 256, 1024, "--max-concurrency", "1024")
-                ),
-                HOST_POISSON,
-            ],
+            [HOST_BURST, HOST_POISSON],
+            server_args=HOST_API4,
+        ),
+        # 1b-host-api4's burst alone (1,024 concurrent), for more runs per
+        # session.
+        Suite(
+            "1b-burst-api4",
+            "llama-3.2-1b",
+            4096,
+            [HOST_BURST],
             server_args=HOST_API4,
         ),
         # The Poisson workload alone: its medians differ between the backends

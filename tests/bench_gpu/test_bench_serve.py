@@ -169,20 +169,33 @@ def test_suites_share_gpus_in_waves():
     assert bench_serve.plan([s["8b-tp2"]], [0]) == []
 
 
-def test_the_1b_poisson_suite_is_the_1b_suites_poisson_workload():
-    """More runs of one workload must measure what the two-workload suite
+@pytest.mark.parametrize(
+    "alone_name, whole_name, index",
+    [
+        ("1b-poisson-api4", "1b-host-api4", 1),
+        ("1b-burst-api4", "1b-host-api4", 0),
+        ("8b-128k-long", "8b-128k", 1),
+    ],
+)
+def test_a_one_workload_suite_is_its_suites_workload(alone_name, whole_name, index):
+    """More runs of one workload must measure what the larger suite
     measured: same model, context, requests, arrival rate and server flags."""
 
-    both = bench_serve.SUITES["1b-host-api4"]
-    alone = bench_serve.SUITES["1b-poisson-api4"]
-    (poisson,) = alone.workloads
-    assert poisson == both.workloads[1]
-    assert poisson.args[poisson.args.index("--request-rate") + 1] == "70"
-    assert (alone.model, alone.max_model_len, alone.server_args) == (
-        both.model,
-        both.max_model_len,
-        both.server_args,
+    whole = bench_serve.SUITES[whole_name]
+    alone = bench_serve.SUITES[alone_name]
+    (workload,) = alone.workloads
+    assert workload == whole.workloads[index]
+    assert (alone.model, alone.max_model_len, alone.server_args, alone.gpus) == (
+        whole.model,
+        whole.max_model_len,
+        whole.server_args,
+        whole.gpus,
     )
+
+
+def test_the_1b_poisson_workload_arrives_at_70_per_second():
+    (poisson,) = bench_serve.SUITES["1b-poisson-api4"].workloads
+    assert poisson.args[poisson.args.index("--request-rate") + 1] == "70"
 
 
 def test_side_by_side_suites_get_distinct_free_ports():
