@@ -4,17 +4,14 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "bench_common", ROOT / "scripts/bench/common.py"
-)
-assert _spec is not None and _spec.loader is not None
-common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(common)
+sys.path.insert(0, str(ROOT / "scripts/bench"))
+
+import common  # noqa: E402
 
 
 def _back_to_back(order: list[str]) -> Counter:
