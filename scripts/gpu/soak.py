@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import lzma
 import random
 import sys
 import threading
@@ -327,13 +328,21 @@ def verdict(result: dict, seconds: float) -> list[str]:
     return fails
 
 
+def load(out: Path) -> dict:
+    """A run's soak.json; published runs keep it xz-compressed."""
+    path = out / "soak.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return json.loads(lzma.decompress((out / "soak.json.xz").read_bytes()))
+
+
 def plot(out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    result = json.loads((out / "soak.json").read_text())
+    result = load(out)
     tl = result["timeline"]
     t = [s["t"] for s in tl]
     fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)

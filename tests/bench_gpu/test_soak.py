@@ -225,9 +225,7 @@ def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path, de
 def test_published_soaks_rebuild_their_verdict(run):
     """The committed H200 soaks: today's verdict, from their own records, is
     the one they published (results/soak-h200-0.26.0/README.md)."""
-    result = json.loads(
-        (ROOT / "results/soak-h200-0.26.0" / run / "soak.json").read_text()
-    )
+    result = soak.load(ROOT / "results/soak-h200-0.26.0" / run)
     assert soak.verdict(result, result["args"]["seconds"]) == result["fails"]
     assert (ROOT / "results/soak-h200-0.26.0" / run / "soak.png").stat().st_size > 0
     if run != "first-480s":
