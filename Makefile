@@ -41,7 +41,7 @@ export TAGMA_BUILD := $(abspath $(BUILD))
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
-        test-conformance test-engine test-bindings bench-host bench-sched bench-alloc bench-construct format-check \
+        test-conformance test-engine test-bindings bench-host bench-sched bench-alloc bench-write-host bench-construct format-check \
         bundle bench-gpu bench-offline soak-gpu test-bench-gpu prereqs check-pins lint pins
 
 help: ## list the targets
@@ -148,6 +148,9 @@ bench-sched: build-fork ## scheduler-thread benchmark, paged vs tagma (CPU, no m
 
 bench-alloc: build-fork ## the two allocate_slots calls a decode step still makes (block completed, block boundary), per call, paged vs tagma (CPU)
 	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/alloc_calls.py) $(BENCH_ARGS)
+
+bench-write-host: build-fork ## the write path's host side per decode step (block-table appends + staging), paged vs tagma (CPU)
+	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/write_path_host.py) $(BENCH_ARGS)
 
 bench-construct: build-fork ## KV-cache manager start-up at 10^5 and 10^6 blocks, paged vs tagma (CPU): time, bytes per block
 	cd $(PIN_BUILD)/tree && $(abspath $(PY)) $(abspath scripts/bench/construct.py) $(BENCH_ARGS)
