@@ -215,6 +215,16 @@ SUITES = {
             ],
             gate_lens=(8, 512, 8192),
         ),
+        # 8b-128k-tail's Poisson workload alone, for more pairs per session.
+        # Without the burst before it, its prompts start uncached (in
+        # 8b-128k-tail the burst has cached them): its own run set.
+        Suite(
+            "8b-128k-poisson",
+            "llama-3.1-8b",
+            131072,
+            [Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28))],
+            gate_lens=(8, 512, 8192),
+        ),
         # 8b-128k's long workload alone: the ShareGPT burst of 300 is
         # superseded by 8b-128k-tail's 1,200, and a run without it and the
         # profile fits more runs in a device session.

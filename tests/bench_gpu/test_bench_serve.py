@@ -175,6 +175,7 @@ def test_suites_share_gpus_in_waves():
         ("1b-poisson-api4", "1b-host-api4", 1),
         ("1b-burst-api4", "1b-host-api4", 0),
         ("8b-128k-long", "8b-128k", 1),
+        ("8b-128k-poisson", "8b-128k-tail", 1),
     ],
 )
 def test_a_one_workload_suite_is_its_suites_workload(alone_name, whole_name, index):
