@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import statistics
 import sys
@@ -37,6 +36,7 @@ from common import (  # noqa: E402
     env_info,
     metric,
     mirrored_order,
+    variant_class,
     write_result,
 )
 
@@ -45,18 +45,13 @@ KINDS = ("held", "boundary")
 
 
 def manager_cls(variant: str) -> type:
-    if variant == "paged":
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-
-        return KVCacheManager
-    if variant == "tagma":
-        from vllm.v1.core.tagma_kv_cache_manager import TagmaKVCacheManager
-
-        return TagmaKVCacheManager
-    module, _, name = variant.rpartition(".")
-    if not module:
-        raise SystemExit(f"unknown variant {variant!r}: paged, tagma or module.Class")
-    return getattr(importlib.import_module(module), name)
+    return variant_class(
+        variant,
+        {
+            "paged": "vllm.v1.core.kv_cache_manager:KVCacheManager",
+            "tagma": "vllm.v1.core.tagma_kv_cache_manager:TagmaKVCacheManager",
+        },
+    )
 
 
 def one_run(cls: type, n: int, steps: int) -> dict[str, list[float]]:

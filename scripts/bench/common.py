@@ -10,6 +10,7 @@ only, with the spread shown.
 
 from __future__ import annotations
 
+import importlib
 import json
 import platform
 import statistics
@@ -110,3 +111,17 @@ def mirrored_order(variants: list[str], repeats: int) -> list[str]:
         block = variants[r:] + variants[:r]
         order += block + block[::-1]
     return order
+
+
+def variant_class(variant: str, named: dict[str, str]) -> type:
+    """A bench variant's class: `named[variant]` ("module:Class"), or any
+    class given as `module.Class` importable from PYTHONPATH (e.g. a module
+    of an older stack, for a before/after in one process)."""
+    if variant in named:
+        module, _, name = named[variant].partition(":")
+    else:
+        module, _, name = variant.rpartition(".")
+        if not module:
+            choices = ", ".join(named)
+            raise SystemExit(f"unknown variant {variant!r}: {choices} or module.Class")
+    return getattr(importlib.import_module(module), name)

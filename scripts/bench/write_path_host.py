@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import statistics
 import sys
@@ -40,6 +39,7 @@ from common import (  # noqa: E402
     env_info,
     metric,
     mirrored_order,
+    variant_class,
     write_result,
 )
 
@@ -67,18 +67,13 @@ def _clear_staged(self: Any) -> None:
 
 
 def tables_cls(variant: str) -> type:
-    if variant == "paged":
-        from vllm.v1.worker.gpu.block_table import BlockTables
-
-        return BlockTables
-    if variant == "tagma":
-        from vllm.v1.worker.gpu.tagma_block_table import TagmaBlockTables
-
-        return TagmaBlockTables
-    module, _, name = variant.rpartition(".")
-    if not module:
-        raise SystemExit(f"unknown variant {variant!r}: paged, tagma or module.Class")
-    return getattr(importlib.import_module(module), name)
+    return variant_class(
+        variant,
+        {
+            "paged": "vllm.v1.worker.gpu.block_table:BlockTables",
+            "tagma": "vllm.v1.worker.gpu.tagma_block_table:TagmaBlockTables",
+        },
+    )
 
 
 def one_run(cls: type, n: int, steps: int) -> tuple[list[float], Any]:

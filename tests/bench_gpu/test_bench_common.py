@@ -8,6 +8,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts/bench"))
 
@@ -44,3 +46,13 @@ def test_mirrored_order_shares_the_back_to_back_place():
         counts = _back_to_back(order)
         assert set(counts) == set(variants)
         assert len(set(counts.values())) == 1, counts
+
+
+def test_variant_class_names_the_choices_and_imports_module_dot_class():
+    named = {"a": "collections:Counter", "b": "pathlib:Path"}
+    assert common.variant_class("a", named) is Counter
+    assert common.variant_class("collections.OrderedDict", named).__name__ == (
+        "OrderedDict"
+    )
+    with pytest.raises(SystemExit, match="unknown variant 'pagd': a, b or module"):
+        common.variant_class("pagd", named)

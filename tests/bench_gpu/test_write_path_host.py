@@ -64,13 +64,3 @@ def test_each_step_grows_one_row_in_16_by_one_block():
         assert out[name]["left_staged"] == 0, name
     # Tagma's rows stay one range: the decode path merged every block.
     assert out["tagma"]["ranges"] == [1] * 32
-
-
-def test_an_unknown_variant_is_named():
-    sys.path.insert(0, str(ROOT / "scripts/bench"))
-    try:
-        import write_path_host
-    finally:
-        sys.path.pop(0)
-    with pytest.raises(SystemExit, match="unknown variant 'pagd'"):
-        write_path_host.tables_cls("pagd")
