@@ -66,6 +66,15 @@ def _clear_staged(self: Any) -> None:
     self._staged_write_cu_lens.clear()
 
 
+def use_cpu_buffers() -> None:
+    """Point vLLM's staged buffers at CPU tensors and leave their upload out
+    (the same for both classes)."""
+    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
+
+    buffer_utils.UvaBuffer = _CpuUvaBuffer  # type: ignore[misc,assignment]
+    buffer_utils.StagedWriteTensor.apply_write = _clear_staged  # type: ignore[method-assign]
+
+
 def tables_cls(variant: str) -> type:
     return variant_class(
         variant,
@@ -81,19 +90,20 @@ def one_run(cls: type, n: int, steps: int) -> tuple[list[float], Any]:
     block tables they left."""
     import torch
 
+    # A row's most blocks; each request's blocks are one run of that many
+    # ids, room to grow behind its prompt.
+    row_blocks = PROMPT_BLOCKS + steps // BLOCK_SIZE + 2
     tables = cls(
         block_sizes=[BLOCK_SIZE],
         max_num_reqs=n,
         max_num_batched_tokens=n,
-        max_num_blocks_per_group=[PROMPT_BLOCKS + steps // BLOCK_SIZE + 2],
+        max_num_blocks_per_group=[row_blocks],
         device=torch.device("cpu"),
         kernel_block_sizes=[BLOCK_SIZE],
     )
-    # Each request's blocks in one run with room to grow behind it.
-    stride = PROMPT_BLOCKS + steps // BLOCK_SIZE + 2
     last = []
     for row in range(n):
-        first = 1 + row * stride
+        first = 1 + row * row_blocks
         tables.append_block_ids(
             row, ([*range(first, first + PROMPT_BLOCKS)],), overwrite=True
         )
@@ -154,11 +164,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=4, help="mirrored blocks")
     args = parser.parse_args()
 
-    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
-
-    buffer_utils.UvaBuffer = _CpuUvaBuffer  # type: ignore[misc,assignment]
-    buffer_utils.StagedWriteTensor.apply_write = _clear_staged  # type: ignore[method-assign]
-
+    use_cpu_buffers()
     variants = args.variants.split(",")
     classes = {v: tables_cls(v) for v in variants}
     for v in variants:

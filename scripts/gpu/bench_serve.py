@@ -130,6 +130,11 @@ HOST_API4 = ["--max-num-seqs", "1024", "--api-server-count", "4"]
 # every step, for about a minute.
 HOST_POISSON = Workload("host-poisson", _random(128, 256, 4096) + _poisson(70))
 HOST_BURST = Workload("host-1024", _random(128, 256, 1024, "--max-concurrency", "1024"))
+# 8B at 128K: two 120K-token prompts (gated up to 32K tokens), and 900
+# ShareGPT requests arriving at 28/s.
+LONG_120K = Workload("long-120k", _random(120000, 256, 2), warmups=0)
+LONG_GATE = (8, 64, 512, 2048, 8192, 32768)
+SHAREGPT_POISSON = Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28))
 # The ITL tail: the 16K prefix burst, and arrivals over time at about 75 % of
 # what the burst runs sustained on the H200 (8b-16k: ShareGPT 38 requests/s,
 # prefix 16 requests/s), long enough (~30 s, about 1,000 requests) for a
@@ -190,10 +195,10 @@ SUITES = {
             131072,
             [
                 Workload("sharegpt", _sharegpt(300)),
-                Workload("long-120k", _random(120000, 256, 2), warmups=0),
+                LONG_120K,
             ],
             profile=Workload("profile-120k", _random(120000, 256, 1), warmups=0),
-            gate_lens=(8, 64, 512, 2048, 8192, 32768),
+            gate_lens=LONG_GATE,
         ),
         # The ShareGPT burst's TPOT p99 over 300 requests is three short
         # requests (docs/itl-tail.md); 1,200 make it twelve. At 128K also
@@ -211,7 +216,7 @@ SUITES = {
             131072,
             [
                 Workload("sharegpt-1200", _sharegpt(1200)),
-                Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28)),
+                SHAREGPT_POISSON,
             ],
             gate_lens=(8, 512, 8192),
         ),
@@ -222,7 +227,7 @@ SUITES = {
             "8b-128k-poisson",
             "llama-3.1-8b",
             131072,
-            [Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28))],
+            [SHAREGPT_POISSON],
             gate_lens=(8, 512, 8192),
         ),
         # 8b-128k's long workload alone: the ShareGPT burst of 300 is
@@ -232,8 +237,8 @@ SUITES = {
             "8b-128k-long",
             "llama-3.1-8b",
             131072,
-            [Workload("long-120k", _random(120000, 256, 2), warmups=0)],
-            gate_lens=(8, 64, 512, 2048, 8192, 32768),
+            [LONG_120K],
+            gate_lens=LONG_GATE,
         ),
         # 8b-128k's ShareGPT burst with four API servers: a single API
         # server falls behind tagma's token stream there (more tokens per

@@ -19,9 +19,7 @@ DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import write_path_host as bench
-import vllm.v1.worker.gpu.buffer_utils as buffer_utils
-buffer_utils.UvaBuffer = bench._CpuUvaBuffer
-buffer_utils.StagedWriteTensor.apply_write = bench._clear_staged
+bench.use_cpu_buffers()
 out = {}
 for name in ("paged", "tagma"):
     times, tables = bench.one_run(bench.tables_cls(name), 32, 64)
@@ -46,7 +44,7 @@ def test_each_step_grows_one_row_in_16_by_one_block():
     probe = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True)
     if probe.returncode != 0:
         pytest.fail("needs `make build-fork` (vllm importable from the pin's venv)")
-    # A fresh interpreter: the bench replaces two buffer_utils attributes.
+    # A fresh interpreter: use_cpu_buffers replaces two buffer_utils attributes.
     r = subprocess.run(
         [sys.executable, "-c", DRIVER, str(ROOT / "scripts/bench")],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
