@@ -50,6 +50,10 @@ case ${1:-} in
       [ -f "$dir/rc" ] && break
       sleep 1
     done
+    # Decide before packing: a run that ends while tar runs would otherwise
+    # be reported finished with its last results missing from the pack.
+    finished=0
+    [ -f "$dir/rc" ] && finished=1
     tail -n 40 "$dir/bench.log"
     rm -f "$tarball" "$tarball".part*
     XZ_OPT=${XZ_OPT:--T0} tar -cJf "$tarball" --exclude=trace -C "$dir" results bench.log
@@ -58,7 +62,7 @@ case ${1:-} in
       split -b "$part" -d "$tarball" "$tarball.part" && rm "$tarball"
       echo "packed in $(ls "$tarball".part* | wc -l) parts: cat $tarball.part* | tar -xJf -"
     fi
-    if [ ! -f "$dir/rc" ]; then echo "still running"; exit 3; fi
+    if [ "$finished" = 0 ]; then echo "still running"; exit 3; fi
     echo "finished (make exit code $(cat "$dir/rc"))"
     ;;
   *)

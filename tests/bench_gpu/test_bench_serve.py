@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -270,6 +271,33 @@ def test_detached_run_outlives_its_command_and_packs_results(
     assert len(parts) > 1 and not tarball.exists()
     assert all(p.stat().st_size <= 1024 for p in parts)
     assert listing(b"".join(p.read_bytes() for p in parts)) == names
+
+
+def test_poll_reports_a_run_that_ends_while_packing_as_running(tmp_path, detach):
+    """A run that finishes while poll packs is not reported finished: its last
+    results are not in that pack, so the caller must poll once more."""
+    run = tmp_path / "run"
+    (run / "results").mkdir(parents=True)
+    (run / "bench.log").write_text("run 5 (paged): starting the server\n")
+    # tar stand-in: the run ends (make writes rc) just as packing starts.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tar = bin_dir / "tar"
+    real_tar = shutil.which("tar")
+    tar.write_text(f'#!/bin/sh\necho 0 >"{run}/rc"\nexec {real_tar} "$@"\n')
+    tar.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DETACH_DIR": str(run),
+    }
+    tarball = tmp_path / "r.tar.xz"
+    poll = detach(env, "poll", "0", str(tarball))
+    assert poll.returncode == 3 and "still running" in poll.stdout, poll.stdout
+    assert (run / "rc").exists() and tarball.exists()
+    # The next poll sees the finished run.
+    poll = detach(env, "poll", "0", str(tarball))
+    assert poll.returncode == 0 and "finished (make exit code 0)" in poll.stdout
 
 
 def test_detailed_results_keep_what_tail_reads(tmp_path):
