@@ -13,7 +13,8 @@
 # TARBALL (tar.xz), so one file carries them back; past $DETACH_PART_BYTES
 # (default 15 MiB, under the device tool's 16 MiB a file) it is split into
 # TARBALL.part00, .part01, ...: `cat TARBALL.part* | tar -xJf -`. Exit code 0
-# once the run is done (make's own code is printed), 3 while it still runs.
+# once the run is done (make's own code is printed), 3 while it still runs
+# (also when it ends during packing: that pack may lack its last results).
 #
 # Several targets run one after the other in one detached run (make -k: a
 # failing one does not stop the next), e.g. the soak, then a suite:
