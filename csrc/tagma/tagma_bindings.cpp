@@ -17,6 +17,20 @@
 //       num_free, largest_run: int
 //       def __contains__(self, block) -> bool: ...
 //
+//   class Blocks(Sequence[Block]):  # BlockPool.make_blocks
+//       def __init__(self, num_blocks: int, pool: object = None): ...
+//
+//   class Block:  # vLLM's KVCacheBlock fields, made by Blocks only
+//       block_id: int  # read-only
+//       pool: object | None  # read-only: Blocks' pool (held weakly)
+//       ref_cnt: int
+//       is_null: bool
+//       block_hash: object | None  # read-only; set_block_hash, reset_hash
+//       block_hash_num_tokens: int | None  # read-only
+//       prev_free_block, next_free_block: object | None
+//       def set_block_hash(self, block_hash, num_tokens=None, /): ...
+//       def reset_hash(self): ...
+//
 // Errors: out of memory -> MemoryError; anything else the caller got wrong
 // -> ValueError (a wrong type -> TypeError; an int argument is an int or has
 // __index__, as numpy's ints). Messages name the method, its arguments and
@@ -25,8 +39,11 @@
 // A failing call leaves the object as it was. No C++ exception crosses into
 // Python: std::bad_alloc becomes MemoryError.
 //
-// The hot methods are METH_FASTCALL with positional arguments only. The
-// objects hold no Python references (no GC); the GIL guards them.
+// The hot methods are METH_FASTCALL with positional arguments only. No type
+// is tracked by the cyclic GC; the GIL guards them. FreeRuns holds no Python
+// references. Blocks holds its views and the blocks' hashes; a view holds
+// its two queue links, the only references that can form a cycle, and
+// Blocks drops them when it goes away.
 
 // Pinned: CPython 3.11's stable ABI (Py_buffer, METH_FASTCALL, heap types
 // from a module). A build that asks for another one fails here.
@@ -60,6 +77,8 @@ using tagma::Status;
 
 struct ModuleState {
   PyObject* free_runs_type;
+  PyObject* block_type;
+  PyObject* blocks_type;
 };
 
 template <class T>
@@ -659,6 +678,500 @@ PyType_Spec FreeRuns_spec = {
     FreeRuns_slots,
 };
 
+// ================================================================= Blocks
+
+ModuleState* state(PyObject* module);
+
+// Python's allocator for the block state, so tracemalloc and Python's memory
+// statistics count it (it is most of a pool's host memory). Blocks allocates
+// and frees it only with the GIL held (construction, dealloc).
+template <class T>
+struct RawAllocator {
+  using value_type = T;
+  RawAllocator() = default;
+  template <class U>
+  explicit RawAllocator(const RawAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = n > SIZE_MAX / sizeof(T) ? nullptr : PyMem_Malloc(n * sizeof(T));
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { PyMem_Free(p); }
+  bool operator==(const RawAllocator&) const { return true; }
+  bool operator!=(const RawAllocator&) const { return false; }
+};
+
+template <class T>
+using RawVector = std::vector<T, RawAllocator<T>>;
+
+// The pool's per-block state, by block id: what upstream keeps on each
+// KVCacheBlock, without a Python object per block. Views (Block) are made
+// the first time a block is asked for and kept, so blocks[i] is the same
+// object every time. 29 bytes a block, plus a view's 48 once it exists.
+struct BlockState {
+  static constexpr int64_t kNoTokens = INT64_MIN;  // block_hash_num_tokens None
+
+  explicit BlockState(uint32_t n)
+      : ref_cnt(n, 0),
+        hash(n, nullptr),
+        hash_tokens(n, kNoTokens),
+        is_null(n, 0),
+        view(n, nullptr) {}
+
+  uint32_t size() const { return static_cast<uint32_t>(ref_cnt.size()); }
+
+  RawVector<int32_t> ref_cnt;
+  RawVector<PyObject*> hash;  // owned; nullptr: no hash
+  RawVector<int64_t> hash_tokens;
+  RawVector<uint8_t> is_null;
+  RawVector<PyObject*> view;  // owned; nullptr: not made yet
+  PyObject* pool = nullptr;   // owned weak reference to the pool, or none
+};
+
+// A view of one block. Its links (the free-block queue's) are object
+// references held by the view itself; the Blocks object drops them, and
+// detaches the view, when it goes away, so a view kept past its pool
+// raises instead of reading freed state.
+struct BlockObject {
+  PyObject_HEAD BlockState* state;  // nullptr: the Blocks object is gone
+  uint32_t id;
+  PyObject* prev;  // owned; nullptr: None
+  PyObject* next;
+};
+
+struct BlocksObject {
+  PyObject_HEAD BlockState* state;
+  PyObject* block_type;  // owned: the type of the views
+};
+
+BlockObject* as_block(PyObject* self) {
+  return reinterpret_cast<BlockObject*>(self);
+}
+
+BlocksObject* as_blocks(PyObject* self) {
+  return reinterpret_cast<BlocksObject*>(self);
+}
+
+// The view's state, or nullptr with RuntimeError if its pool is gone.
+BlockState* live(PyObject* self) {
+  BlockObject* b = as_block(self);
+  if (b->state == nullptr) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "Block %u: its Blocks object (the pool's block state) is "
+                 "gone",
+                 b->id);
+  }
+  return b->state;
+}
+
+PyObject* Block_get_id(PyObject* self, void*) {
+  return PyLong_FromUnsignedLong(as_block(self)->id);
+}
+
+PyObject* Block_get_ref_cnt(PyObject* self, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  return PyLong_FromLong(st->ref_cnt[as_block(self)->id]);
+}
+
+int Block_set_ref_cnt(PyObject* self, PyObject* value, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return -1;
+  if (value == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "Block.ref_cnt cannot be deleted");
+    return -1;
+  }
+  int64_t v = 0;
+  if (!to_i64(value, "Block.ref_cnt", "value", &v)) return -1;
+  if (v < INT32_MIN || v > INT32_MAX) {
+    PyErr_Format(PyExc_ValueError,
+                 "Block.ref_cnt: value=%lld does not fit in int32",
+                 static_cast<long long>(v));
+    return -1;
+  }
+  st->ref_cnt[as_block(self)->id] = static_cast<int32_t>(v);
+  return 0;
+}
+
+PyObject* Block_get_is_null(PyObject* self, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  return PyBool_FromLong(st->is_null[as_block(self)->id]);
+}
+
+int Block_set_is_null(PyObject* self, PyObject* value, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return -1;
+  if (value == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "Block.is_null cannot be deleted");
+    return -1;
+  }
+  const int truth = PyObject_IsTrue(value);
+  if (truth < 0) return -1;
+  st->is_null[as_block(self)->id] = static_cast<uint8_t>(truth);
+  return 0;
+}
+
+// The pool the block belongs to (vLLM 0.33's KVCacheBlock.pool), or None:
+// Blocks holds it weakly, so a view does not keep its pool alive.
+PyObject* Block_get_pool(PyObject* self, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  if (st->pool == nullptr) Py_RETURN_NONE;
+  return PyObject_CallNoArgs(st->pool);
+}
+
+PyObject* Block_get_hash(PyObject* self, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  PyObject* h = st->hash[as_block(self)->id];
+  return Py_NewRef(h == nullptr ? Py_None : h);
+}
+
+PyObject* Block_get_hash_tokens(PyObject* self, void*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  const int64_t t = st->hash_tokens[as_block(self)->id];
+  if (t == BlockState::kNoTokens) Py_RETURN_NONE;
+  return PyLong_FromLongLong(t);
+}
+
+// prev_free_block (which == nullptr) or next_free_block.
+PyObject* Block_get_link(PyObject* self, void* which) {
+  if (live(self) == nullptr) return nullptr;
+  BlockObject* b = as_block(self);
+  PyObject* link = which == nullptr ? b->prev : b->next;
+  return Py_NewRef(link == nullptr ? Py_None : link);
+}
+
+int Block_set_link(PyObject* self, PyObject* value, void* which) {
+  if (live(self) == nullptr) return -1;
+  BlockObject* b = as_block(self);
+  PyObject** slot = which == nullptr ? &b->prev : &b->next;
+  PyObject* old = *slot;
+  *slot = value == nullptr || value == Py_None ? nullptr : Py_NewRef(value);
+  Py_XDECREF(old);  // last: it may run arbitrary code
+  return 0;
+}
+
+// Keywords as upstream calls it: set_block_hash(h, num_tokens=n).
+PyObject* Block_set_block_hash(PyObject* self, PyObject* args, PyObject* kwds) {
+  const char* name = "Block.set_block_hash";
+  static const char* kw[] = {"block_hash", "num_tokens", nullptr};
+  PyObject* hash = nullptr;
+  PyObject* num_tokens = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:set_block_hash",
+                                   const_cast<char**>(kw), &hash,
+                                   &num_tokens)) {
+    return nullptr;
+  }
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  const uint32_t id = as_block(self)->id;
+  int64_t tokens = BlockState::kNoTokens;
+  if (num_tokens != Py_None) {
+    if (!to_i64(num_tokens, name, "num_tokens", &tokens)) return nullptr;
+    if (tokens < 0) {
+      PyErr_Format(PyExc_ValueError, "%s: num_tokens=%lld must be >= 0", name,
+                   static_cast<long long>(tokens));
+      return nullptr;
+    }
+  }
+  if (hash == Py_None) {
+    PyErr_Format(PyExc_ValueError, "%s: block %u: the hash must not be None",
+                 name, id);
+    return nullptr;
+  }
+  if (st->hash[id] != nullptr || st->hash_tokens[id] != BlockState::kNoTokens) {
+    PyErr_Format(PyExc_ValueError, "%s: block %u already has a hash", name, id);
+    return nullptr;
+  }
+  st->hash[id] = Py_NewRef(hash);
+  st->hash_tokens[id] = tokens;
+  Py_RETURN_NONE;
+}
+
+PyObject* Block_reset_hash(PyObject* self, PyObject*) {
+  BlockState* st = live(self);
+  if (st == nullptr) return nullptr;
+  const uint32_t id = as_block(self)->id;
+  PyObject* old = st->hash[id];
+  st->hash[id] = nullptr;
+  st->hash_tokens[id] = BlockState::kNoTokens;
+  Py_XDECREF(old);
+  Py_RETURN_NONE;
+}
+
+// A link for repr: None, its block_id (no recursion into linked blocks),
+// or the object itself if it has none.
+PyObject* link_id(PyObject* link) {
+  if (link == nullptr) Py_RETURN_NONE;
+  PyObject* id = PyObject_GetAttrString(link, "block_id");
+  if (id == nullptr && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+    PyErr_Clear();
+    return Py_NewRef(link);
+  }
+  return id;
+}
+
+PyObject* Block_repr(PyObject* self) {
+  BlockObject* b = as_block(self);
+  if (b->state == nullptr) {
+    return PyUnicode_FromFormat("Block(block_id=%u, detached)", b->id);
+  }
+  const BlockState& st = *b->state;
+  PyObject* prev = link_id(b->prev);
+  PyObject* next = prev == nullptr ? nullptr : link_id(b->next);
+  PyObject* hash = st.hash[b->id] == nullptr ? Py_None : st.hash[b->id];
+  PyObject* out = nullptr;
+  if (next != nullptr) {
+    const int64_t t = st.hash_tokens[b->id];
+    PyObject* tokens = t == BlockState::kNoTokens ? Py_NewRef(Py_None)
+                                                  : PyLong_FromLongLong(t);
+    if (tokens != nullptr) {
+      out = PyUnicode_FromFormat(
+          "Block(block_id=%u, ref_cnt=%d, block_hash=%R, "
+          "block_hash_num_tokens=%R, is_null=%s, prev_free_block=%R, "
+          "next_free_block=%R)",
+          b->id, st.ref_cnt[b->id], hash, tokens,
+          st.is_null[b->id] ? "True" : "False", prev, next);
+      Py_DECREF(tokens);
+    }
+  }
+  Py_XDECREF(prev);
+  Py_XDECREF(next);
+  return out;
+}
+
+void Block_dealloc(PyObject* self) {
+  // Only after its Blocks object, which owns a reference to every view.
+  PyTypeObject* type = Py_TYPE(self);
+  BlockObject* b = as_block(self);
+  Py_CLEAR(b->prev);
+  Py_CLEAR(b->next);
+  auto tp_free = reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free));
+  tp_free(self);
+  Py_DECREF(type);
+}
+
+PyMethodDef Block_methods[] = {
+    {"set_block_hash",
+     reinterpret_cast<PyCFunction>(
+         reinterpret_cast<void (*)(void)>(Block_set_block_hash)),
+     METH_VARARGS | METH_KEYWORDS,
+     "set_block_hash(block_hash, num_tokens=None) -> None\n--\n\n"
+     "Sets the block's prefix-cache key. ValueError if it has one."},
+    {"reset_hash", Block_reset_hash, METH_NOARGS,
+     "reset_hash() -> None\n--\n\nDrops the key (eviction)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef Block_getset[] = {
+    {"block_id", Block_get_id, nullptr, "The block id.", nullptr},
+    {"ref_cnt", Block_get_ref_cnt, Block_set_ref_cnt,
+     "Requests (and other holders) using the block.", nullptr},
+    {"is_null", Block_get_is_null, Block_set_is_null,
+     "The placeholder block that is never cached.", nullptr},
+    {"pool", Block_get_pool, nullptr,
+     "The pool given to Blocks, or None (also once it is gone).", nullptr},
+    {"block_hash", Block_get_hash, nullptr, "The prefix-cache key, or None.",
+     nullptr},
+    {"block_hash_num_tokens", Block_get_hash_tokens, nullptr,
+     "Prefix tokens the key covers, or None.", nullptr},
+    {"prev_free_block", Block_get_link, Block_set_link,
+     "The free-block queue's link.", nullptr},
+    {"next_free_block", Block_get_link, Block_set_link,
+     "The free-block queue's link.", reinterpret_cast<void*>(1)},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyType_Slot Block_slots[] = {
+    {Py_tp_doc,
+     const_cast<char*>("A view of one block of a Blocks object: the fields of "
+                       "vLLM's KVCacheBlock, read from and written to the "
+                       "engine's per-block state. Made by Blocks only.")},
+    {Py_tp_dealloc, reinterpret_cast<void*>(Block_dealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(Block_repr)},
+    {Py_tp_methods, Block_methods},
+    {Py_tp_getset, Block_getset},
+    {0, nullptr},
+};
+
+// No Py_TPFLAGS_HAVE_GC: the collector never walks a view. No tp_new: only
+// Blocks makes them.
+PyType_Spec Block_spec = {
+    "vllm._tagma_C.Block",
+    sizeof(BlockObject),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE |
+        Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    Block_slots,
+};
+
+// The view of block id (a new reference), made on first use.
+PyObject* view_of(BlocksObject* o, uint32_t id) {
+  PyObject*& slot = o->state->view[id];
+  if (slot == nullptr) {
+    auto type = reinterpret_cast<PyTypeObject*>(o->block_type);
+    auto alloc = reinterpret_cast<allocfunc>(PyType_GetSlot(type, Py_tp_alloc));
+    PyObject* v = alloc(type, 0);
+    if (v == nullptr) return nullptr;
+    BlockObject* b = as_block(v);
+    b->state = o->state;
+    b->id = id;
+    b->prev = nullptr;
+    b->next = nullptr;
+    slot = v;
+  }
+  return Py_NewRef(slot);
+}
+
+PyObject* Blocks_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  static const char* kw[] = {"num_blocks", "pool", nullptr};
+  PyObject* on = nullptr;
+  PyObject* pool = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:Blocks",
+                                   const_cast<char**>(kw), &on, &pool)) {
+    return nullptr;
+  }
+  int64_t n = 0;
+  if (!to_i64(on, "Blocks()", "num_blocks", &n)) return nullptr;
+  if (n < 1 || n > static_cast<int64_t>(tagma::FreeRuns::kMaxBlocks)) {
+    PyErr_Format(PyExc_ValueError,
+                 "Blocks(num_blocks=%lld): num_blocks must be in [1, %lld]",
+                 static_cast<long long>(n),
+                 static_cast<long long>(tagma::FreeRuns::kMaxBlocks));
+    return nullptr;
+  }
+  PyObject* module = PyType_GetModule(type);
+  if (module == nullptr) return nullptr;
+  PyObject* block_type = state(module)->block_type;
+  return guarded([&]() -> PyObject* {
+    auto st = std::make_unique<BlockState>(static_cast<uint32_t>(n));
+    if (pool != Py_None) {
+      st->pool = PyWeakref_NewRef(pool, nullptr);  // TypeError if it cannot
+      if (st->pool == nullptr) return nullptr;
+    }
+    auto alloc = reinterpret_cast<allocfunc>(PyType_GetSlot(type, Py_tp_alloc));
+    PyObject* self = alloc(type, 0);
+    if (self == nullptr) {
+      Py_CLEAR(st->pool);
+      return nullptr;
+    }
+    as_blocks(self)->state = st.release();
+    as_blocks(self)->block_type = Py_NewRef(block_type);
+    return self;
+  });
+}
+
+void Blocks_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  BlocksObject* o = as_blocks(self);
+  BlockState* st = o->state;
+  o->state = nullptr;
+  if (st != nullptr) {
+    // Detach every view and drop its links first: links between views (and
+    // to objects that link back) are the only cycles, and nothing else
+    // breaks them. Releasing a link may run arbitrary code, which finds the
+    // views already detached.
+    for (PyObject* v : st->view) {
+      if (v != nullptr) as_block(v)->state = nullptr;
+    }
+    for (PyObject* v : st->view) {
+      if (v == nullptr) continue;
+      Py_CLEAR(as_block(v)->prev);
+      Py_CLEAR(as_block(v)->next);
+    }
+    for (PyObject*& v : st->view) Py_CLEAR(v);
+    for (PyObject*& h : st->hash) Py_CLEAR(h);
+    Py_CLEAR(st->pool);
+    delete st;
+  }
+  Py_XDECREF(o->block_type);
+  auto tp_free = reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free));
+  tp_free(self);
+  Py_DECREF(type);
+}
+
+Py_ssize_t Blocks_len(PyObject* self) {
+  return static_cast<Py_ssize_t>(as_blocks(self)->state->size());
+}
+
+// blocks[i] for the sequence protocol (iteration, negative i already
+// adjusted by the caller).
+PyObject* Blocks_item(PyObject* self, Py_ssize_t i) {
+  BlocksObject* o = as_blocks(self);
+  if (i < 0 || i >= static_cast<Py_ssize_t>(o->state->size())) {
+    PyErr_Format(PyExc_IndexError, "Blocks index %zd out of range [0, %u)", i,
+                 o->state->size());
+    return nullptr;
+  }
+  return view_of(o, static_cast<uint32_t>(i));
+}
+
+// blocks[i] (negative from the end) or blocks[a:b:c] (a list of views).
+PyObject* Blocks_subscript(PyObject* self, PyObject* key) {
+  BlocksObject* o = as_blocks(self);
+  const Py_ssize_t n = static_cast<Py_ssize_t>(o->state->size());
+  if (PySlice_Check(key)) {
+    Py_ssize_t start = 0, stop = 0, step = 0;
+    if (PySlice_Unpack(key, &start, &stop, &step) < 0) return nullptr;
+    const Py_ssize_t k = PySlice_AdjustIndices(n, &start, &stop, step);
+    PyObject* list = PyList_New(k);
+    if (list == nullptr) return nullptr;
+    for (Py_ssize_t j = 0, i = start; j < k; ++j, i += step) {
+      PyObject* v = view_of(o, static_cast<uint32_t>(i));
+      if (v == nullptr || PyList_SetItem(list, j, v) != 0) {  // steals v
+        Py_DECREF(list);
+        return nullptr;
+      }
+    }
+    return list;
+  }
+  if (!PyIndex_Check(key)) {
+    PyErr_Format(PyExc_TypeError,
+                 "Blocks indices must be integers or slices, not %R",
+                 reinterpret_cast<PyObject*>(Py_TYPE(key)));
+    return nullptr;
+  }
+  const Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+  if (i == -1 && PyErr_Occurred()) return nullptr;
+  return Blocks_item(self, i < 0 ? i + n : i);
+}
+
+PyObject* Blocks_repr(PyObject* self) {
+  return PyUnicode_FromFormat("Blocks(num_blocks=%u)",
+                              as_blocks(self)->state->size());
+}
+
+PyType_Slot Blocks_slots[] = {
+    {Py_tp_doc,
+     const_cast<char*>(
+         "Blocks(num_blocks, pool=None)\n--\n\n"
+         "The KV-cache pool's blocks [0, num_blocks) as a sequence of Block "
+         "views, for BlockPool.make_blocks: reference counts, prefix-cache "
+         "keys and null flags live in the engine (29 bytes a block), and a "
+         "block's view is made the first time it is asked for, then kept "
+         "(blocks[i] is blocks[i]). A view's pool is `pool`, held weakly. "
+         "Neither type is tracked by the cyclic garbage collector.")},
+    {Py_tp_new, reinterpret_cast<void*>(Blocks_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(Blocks_dealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(Blocks_repr)},
+    {Py_sq_length, reinterpret_cast<void*>(Blocks_len)},
+    {Py_sq_item, reinterpret_cast<void*>(Blocks_item)},
+    {Py_mp_length, reinterpret_cast<void*>(Blocks_len)},
+    {Py_mp_subscript, reinterpret_cast<void*>(Blocks_subscript)},
+    {0, nullptr},
+};
+
+PyType_Spec Blocks_spec = {
+    "vllm._tagma_C.Blocks",
+    sizeof(BlocksObject),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    Blocks_slots,
+};
+
 // ================================================================= module
 
 ModuleState* state(PyObject* module) {
@@ -674,7 +1187,9 @@ int add_type(PyObject* module, PyType_Spec* spec, const char* name,
 
 int module_exec(PyObject* module) {
   ModuleState* st = state(module);
-  if (add_type(module, &FreeRuns_spec, "FreeRuns", &st->free_runs_type)) {
+  if (add_type(module, &FreeRuns_spec, "FreeRuns", &st->free_runs_type) ||
+      add_type(module, &Block_spec, "Block", &st->block_type) ||
+      add_type(module, &Blocks_spec, "Blocks", &st->blocks_type)) {
     return -1;
   }
   if (PyModule_AddIntConstant(module, "MAX_BLOCKS",
@@ -688,6 +1203,8 @@ int module_traverse(PyObject* module, visitproc visit, void* arg) {
   ModuleState* st = state(module);
   if (st == nullptr) return 0;
   Py_VISIT(st->free_runs_type);
+  Py_VISIT(st->block_type);
+  Py_VISIT(st->blocks_type);
   return 0;
 }
 
@@ -695,6 +1212,8 @@ int module_clear(PyObject* module) {
   ModuleState* st = state(module);
   if (st == nullptr) return 0;
   Py_CLEAR(st->free_runs_type);
+  Py_CLEAR(st->block_type);
+  Py_CLEAR(st->blocks_type);
   return 0;
 }
 
@@ -708,7 +1227,8 @@ PyModuleDef_Slot module_slots[] = {
 PyModuleDef tagma_module = {
     PyModuleDef_HEAD_INIT,
     "_tagma_C",
-    "The tagma KV-cache engine (FreeRuns) on the Python limited API 3.11.",
+    "The tagma KV-cache engine (FreeRuns, Blocks) on the Python limited API "
+    "3.11.",
     sizeof(ModuleState),
     nullptr,  // methods
     module_slots,

@@ -63,7 +63,12 @@ def test_module_is_abi3():
 
 def test_module_contents():
     assert T.MAX_BLOCKS == 2**31 - 2
-    assert [n for n in dir(T) if not n.startswith("_")] == ["FreeRuns", "MAX_BLOCKS"]
+    assert [n for n in dir(T) if not n.startswith("_")] == [
+        "Block",
+        "Blocks",
+        "FreeRuns",
+        "MAX_BLOCKS",
+    ]
     cls = T.FreeRuns
     assert cls.__module__ == "vllm._tagma_C"
     assert cls.__doc__

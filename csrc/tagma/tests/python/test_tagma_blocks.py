@@ -1,0 +1,248 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""_tagma_C.Blocks and its Block views: the pool's per-block state in the
+engine, with vLLM's KVCacheBlock fields (BlockPool.make_blocks)."""
+
+import gc
+import importlib.util
+import sys
+import weakref
+
+import _tagma_C as T
+import pytest
+
+
+class Linked:
+    """A Python object a view can link to (as upstream's queue links its
+    fake head and tail), weak-referenceable so the test sees it freed."""
+
+    def __init__(self):
+        self.next_free_block = None
+
+
+def test_construction_and_errors():
+    b = T.Blocks(5)
+    assert len(b) == 5 and repr(b) == "Blocks(num_blocks=5)"
+    assert T.Blocks(num_blocks=1)[0].block_id == 0
+    for bad in (0, -1, T.MAX_BLOCKS + 1):
+        with pytest.raises(ValueError, match=r"num_blocks must be in \[1, "):
+            T.Blocks(bad)
+    with pytest.raises(ValueError, match="does not fit in int64"):
+        T.Blocks(2**70)
+    with pytest.raises(TypeError, match="must be an int"):
+        T.Blocks("3")
+
+
+def test_types_are_final_immutable_and_untracked():
+    with pytest.raises(TypeError, match="cannot create"):
+        T.Block()
+    for cls in (T.Block, T.Blocks):
+        assert cls.__module__ == "vllm._tagma_C" and cls.__doc__
+        with pytest.raises(TypeError):
+            cls.x = 1
+        with pytest.raises(TypeError):
+
+            class Sub(cls):
+                pass
+
+    b = T.Blocks(3)
+    v = b[1]
+    # The collector never walks the table or a view.
+    assert not gc.is_tracked(b) and not gc.is_tracked(v)
+    assert sys.getsizeof(v) == 48
+
+
+def test_indexing_gives_the_same_view():
+    b = T.Blocks(10)
+    assert b[3] is b[3] and b[-1] is b[9] and b[-10] is b[0]
+    assert [v.block_id for v in b] == list(range(10))
+    assert [v.block_id for v in b[2:8:3]] == [2, 5]
+    assert b[7:] == [b[7], b[8], b[9]] and b[5:2] == []
+    assert [v.block_id for v in b[::-4]] == [9, 5, 1]
+    for i in (10, -11, 2**70):
+        with pytest.raises(IndexError):
+            b[i]
+    with pytest.raises(TypeError, match="integers or slices"):
+        b["1"]
+
+
+def test_fields_default_and_write_through():
+    b = T.Blocks(4)
+    v = b[2]
+    assert (v.block_id, v.ref_cnt, v.is_null) == (2, 0, False)
+    assert v.block_hash is None and v.block_hash_num_tokens is None
+    assert v.prev_free_block is None and v.next_free_block is None
+    v.ref_cnt += 3
+    v.ref_cnt -= 5
+    assert b[2].ref_cnt == -2  # a caller's bug shows, as on KVCacheBlock
+    v.is_null = 1
+    assert b[2].is_null is True
+    v.is_null = []
+    assert v.is_null is False
+    with pytest.raises(AttributeError):
+        v.block_id = 3
+    with pytest.raises(AttributeError):
+        v.block_hash = b"x"
+    with pytest.raises(AttributeError):
+        v.other = 1
+
+
+def test_ref_cnt_bad_values_leave_it_unchanged():
+    b = T.Blocks(2)
+    v = b[1]
+    v.ref_cnt = 7
+    for bad, exc in (
+        (2**31, ValueError),
+        (-(2**31) - 1, ValueError),
+        (2**70, ValueError),
+        ("1", TypeError),
+        (1.0, TypeError),
+    ):
+        with pytest.raises(exc):
+            v.ref_cnt = bad
+        assert v.ref_cnt == 7
+    with pytest.raises(TypeError, match="cannot be deleted"):
+        del v.ref_cnt
+    with pytest.raises(TypeError, match="cannot be deleted"):
+        del v.is_null
+    v.ref_cnt = 2**31 - 1
+    assert v.ref_cnt == 2**31 - 1
+
+
+def test_block_hash_set_once_reset_and_released():
+    b = T.Blocks(3)
+    v = b[1]
+    key = bytes(range(40))
+    refs = sys.getrefcount(key)
+    v.set_block_hash(key, num_tokens=16)
+    assert v.block_hash is key and v.block_hash_num_tokens == 16
+    assert sys.getrefcount(key) == refs + 1
+    with pytest.raises(ValueError, match="block 1 already has a hash"):
+        v.set_block_hash(b"other")
+    assert v.block_hash is key and v.block_hash_num_tokens == 16
+    v.reset_hash()
+    assert v.block_hash is None and v.block_hash_num_tokens is None
+    assert sys.getrefcount(key) == refs
+    v.set_block_hash(key)  # positional, no token count
+    assert v.block_hash is key and v.block_hash_num_tokens is None
+    v.reset_hash()
+    with pytest.raises(ValueError, match="must not be None"):
+        v.set_block_hash(None)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        v.set_block_hash(key, -1)
+    with pytest.raises(TypeError):
+        v.set_block_hash()
+    assert v.block_hash is None and sys.getrefcount(key) == refs
+
+
+def test_links_hold_references_until_the_table_goes():
+    b = T.Blocks(4)
+    head = Linked()
+    gone = weakref.ref(head)
+    v1, v2 = b[1], b[2]
+    # The queue's shape: head <-> v1 <-> v2, head linking back to v1.
+    v1.prev_free_block = head
+    head.next_free_block = v1
+    v1.next_free_block = v2
+    v2.prev_free_block = v1
+    assert v1.prev_free_block is head and v2.prev_free_block is v1
+    v2.next_free_block = None
+    assert v2.next_free_block is None
+    del v1.next_free_block  # deleting a link sets it to None
+    assert v1.next_free_block is None
+    v1.next_free_block = v2
+    # repr names linked blocks by id (no recursion), anything else by repr.
+    assert repr(v1) == (
+        "Block(block_id=1, ref_cnt=0, block_hash=None, "
+        f"block_hash_num_tokens=None, is_null=False, prev_free_block={head!r}, "
+        "next_free_block=2)"
+    )
+    del head
+    gc.collect()
+    assert gone() is not None  # v1 still links it
+    del b
+    gc.collect()
+    # The table dropped every link; the cycle head <-> v1 is gone with it.
+    assert gone() is None
+
+
+def test_a_view_kept_past_its_table_raises():
+    b = T.Blocks(2)
+    v = b[1]
+    v.ref_cnt = 3
+    del b
+    gc.collect()
+    assert v.block_id == 1
+    assert repr(v) == "Block(block_id=1, detached)"
+    for read in (
+        lambda: v.ref_cnt,
+        lambda: v.is_null,
+        lambda: v.block_hash,
+        lambda: v.block_hash_num_tokens,
+        lambda: v.next_free_block,
+        v.reset_hash,
+    ):
+        with pytest.raises(RuntimeError, match="Blocks object .* is gone"):
+            read()
+    with pytest.raises(RuntimeError, match="is gone"):
+        v.ref_cnt = 1
+    with pytest.raises(RuntimeError, match="is gone"):
+        v.set_block_hash(b"k")
+
+
+def test_views_of_another_module_instance_are_its_own_type():
+    spec = importlib.util.find_spec("_tagma_C")
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    v = other.Blocks(2)[1]
+    assert type(v) is other.Block and type(v) is not T.Block
+    del v, other
+    gc.collect()
+
+
+def test_no_leak_over_repeated_use():
+    key = b"k" * 32
+    obj = Linked()
+
+    def loop(n):
+        for _ in range(n):
+            b = T.Blocks(64)
+            for v in b[::7]:
+                v.ref_cnt += 1
+                v.set_block_hash(key, 16)
+                v.next_free_block = obj
+                v.prev_free_block = b[0]
+            b[7].reset_hash()
+            with pytest.raises(ValueError):
+                b[14].set_block_hash(key)
+            del b
+
+    loop(200)  # warm-up
+    gc.collect()
+    refs = (sys.getrefcount(key), sys.getrefcount(obj), sys.getrefcount(T.Block))
+    loop(2000)
+    gc.collect()
+    assert (
+        sys.getrefcount(key),
+        sys.getrefcount(obj),
+        sys.getrefcount(T.Block),
+    ) == refs
+
+
+def test_pool_is_held_weakly():
+    pool = Linked()
+    b = T.Blocks(3, pool=pool)
+    v = b[2]
+    assert v.pool is pool and b[0].pool is pool
+    other = T.Blocks(3)
+    assert other[1].pool is None
+    gone = weakref.ref(pool)
+    del pool
+    gc.collect()
+    # The views do not keep their pool alive (it would be a cycle the
+    # collector cannot see: pool -> Blocks -> view -> pool).
+    assert gone() is None and v.pool is None
+    with pytest.raises(TypeError, match="weak reference"):
+        T.Blocks(3, pool=5)
+    with pytest.raises(AttributeError):
+        v.pool = Linked()
