@@ -19,6 +19,7 @@
 //
 //   class Blocks(Sequence[Block]):  # BlockPool.make_blocks
 //       def __init__(self, num_blocks: int, pool: object = None): ...
+//       def hand_out(self, start, length, /) -> list[Block]: ...
 //
 //   class Block:  # vLLM's KVCacheBlock fields, made by Blocks only
 //       block_id: int  # read-only
@@ -1139,6 +1140,66 @@ PyObject* Blocks_subscript(PyObject* self, PyObject* key) {
   return Blocks_item(self, i < 0 ? i + n : i);
 }
 
+// hand_out(start, length): blocks [start, start + length), each free and
+// clean (ref_cnt 0, no hash, not the null block), get ref_cnt 1; returns
+// their views. The tagma pool's hand-out of a placed range in one call.
+PyObject* Blocks_hand_out(PyObject* self, PyObject* const* args,
+                          Py_ssize_t nargs) {
+  const char* name = "Blocks.hand_out";
+  if (!check_nargs(name, nargs, 2, 2)) return nullptr;
+  int64_t start = 0, length = 0;
+  if (!to_i64(args[0], name, "start", &start) ||
+      !to_i64(args[1], name, "length", &length)) {
+    return nullptr;
+  }
+  BlocksObject* o = as_blocks(self);
+  BlockState& st = *o->state;
+  const int64_t n = st.size();
+  if (start < 0 || length < 0 || start > n || length > n - start) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s(start=%lld, length=%lld): not a range of [0, %lld)", name,
+                 static_cast<long long>(start), static_cast<long long>(length),
+                 static_cast<long long>(n));
+    return nullptr;
+  }
+  const auto first = static_cast<uint32_t>(start);
+  const auto end = static_cast<uint32_t>(start + length);
+  // Check all before changing any: a failing call changes nothing.
+  for (uint32_t i = first; i < end; ++i) {
+    if (st.ref_cnt[i] != 0 || st.hash[i] != nullptr || st.is_null[i]) {
+      PyErr_Format(PyExc_ValueError,
+                   "%s(start=%lld, length=%lld): block %u is not free and "
+                   "clean (ref_cnt=%d, %s)",
+                   name, static_cast<long long>(start),
+                   static_cast<long long>(length), i, st.ref_cnt[i],
+                   st.is_null[i]           ? "the null block"
+                   : st.hash[i] != nullptr ? "cached"
+                                           : "no hash");
+      return nullptr;
+    }
+  }
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(length));
+  if (list == nullptr) return nullptr;
+  for (uint32_t i = first; i < end; ++i) {
+    PyObject* v = view_of(o, i);
+    if (v == nullptr || PyList_SetItem(list, i - first, v) != 0) {
+      Py_DECREF(list);  // no ref_cnt changed yet
+      return nullptr;
+    }
+  }
+  for (uint32_t i = first; i < end; ++i) st.ref_cnt[i] = 1;
+  return list;
+}
+
+PyMethodDef Blocks_methods[] = {
+    {"hand_out", fast(Blocks_hand_out), METH_FASTCALL,
+     "hand_out(start, length, /) -> list[Block]\n--\n\nBlocks [start, "
+     "start + length), each free and clean (ref_cnt 0, no hash, not null), "
+     "get ref_cnt 1; returns their views. ValueError, nothing changed, if "
+     "the range is not in the pool or a block is not free and clean."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 PyObject* Blocks_repr(PyObject* self) {
   return PyUnicode_FromFormat("Blocks(num_blocks=%u)",
                               as_blocks(self)->state->size());
@@ -1161,6 +1222,7 @@ PyType_Slot Blocks_slots[] = {
     {Py_sq_item, reinterpret_cast<void*>(Blocks_item)},
     {Py_mp_length, reinterpret_cast<void*>(Blocks_len)},
     {Py_mp_subscript, reinterpret_cast<void*>(Blocks_subscript)},
+    {Py_tp_methods, Blocks_methods},
     {0, nullptr},
 };
 

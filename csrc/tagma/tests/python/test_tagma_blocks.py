@@ -246,3 +246,50 @@ def test_pool_is_held_weakly():
         T.Blocks(3, pool=5)
     with pytest.raises(AttributeError):
         v.pool = Linked()
+
+
+def test_hand_out_takes_a_clean_range():
+    b = T.Blocks(8)
+    views = b.hand_out(2, 3)
+    assert views == [b[2], b[3], b[4]]
+    assert [v.ref_cnt for v in b] == [0, 0, 1, 1, 1, 0, 0, 0]
+    assert b.hand_out(8, 0) == [] and b.hand_out(0, 0) == []
+
+
+@pytest.mark.parametrize(
+    "setup, args, match",
+    [
+        (lambda b: None, (7, 2), r"not a range of \[0, 8\)"),
+        (lambda b: None, (-1, 2), "not a range"),
+        (lambda b: None, (0, -1), "not a range"),
+        (lambda b: setattr(b[5], "ref_cnt", 1), (3, 4), "block 5 .*ref_cnt=1"),
+        (lambda b: b[4].set_block_hash(b"k"), (3, 4), "block 4 .*cached"),
+        (lambda b: setattr(b[3], "is_null", True), (3, 4), "block 3 .*null"),
+    ],
+)
+def test_hand_out_errors_change_nothing(setup, args, match):
+    b = T.Blocks(8)
+    setup(b)
+    before = [(v.ref_cnt, v.block_hash, v.is_null) for v in b]
+    with pytest.raises(ValueError, match=match):
+        b.hand_out(*args)
+    assert [(v.ref_cnt, v.block_hash, v.is_null) for v in b] == before
+
+
+def test_hand_out_argument_types():
+    b = T.Blocks(4)
+    with pytest.raises(TypeError, match="must be an int"):
+        b.hand_out("1", 1)
+    with pytest.raises(TypeError, match="takes 2 positional arguments"):
+        b.hand_out(1)
+    assert [v.block_id for v in b.hand_out(np_int(1), True)] == [1]
+
+
+def np_int(x):
+    """An int-like that is not an int (as numpy's ints)."""
+
+    class IntLike:
+        def __index__(self):
+            return x
+
+    return IntLike()
