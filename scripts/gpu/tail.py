@@ -138,6 +138,38 @@ def host_split(by_backend: dict[str, list[tuple[str, list[dict]]]]) -> list[dict
     return rows
 
 
+# A run whose sampler host time is this much above the set's median is on a
+# slow host: its latency ratios say more about the host than the backend.
+SLOW_HOST = 0.10
+
+
+def host_speed(split: list[dict]) -> dict[str, float]:
+    """Each run's sampler host time over the set's median, at equal running
+    counts (host_split's bins, weighted by steps), minus 1.
+
+    The sampler (`sample_tokens`) is code neither backend changes and that
+    scales with the running count, so its time against the other runs' at
+    the same count measures the host the run drew: +0.25 is a run whose host
+    was 25 % slower than the set's typical one.
+    """
+    by_bin: dict[str, list[dict]] = {}
+    for r in split:
+        by_bin.setdefault(r["running"], []).append(r)
+    weighted: dict[str, list[tuple[float, int]]] = {}
+    for rows in by_bin.values():
+        median = statistics.median(r["sample_us"] for r in rows)
+        if median <= 0:
+            continue
+        for r in rows:
+            weighted.setdefault(r["run"], []).append(
+                (r["sample_us"] / median, r["steps"])
+            )
+    return {
+        run: sum(x * n for x, n in xs) / sum(n for _, n in xs) - 1
+        for run, xs in weighted.items()
+    }
+
+
 def itl_dist(steps: list[dict]) -> list[float]:
     return [s["ms"] for s in steps for _ in range(s["decodes"])]
 
@@ -373,6 +405,22 @@ def main() -> int:
                     + " |"
                 )
             lines.append("")
+            speed = host_speed(split)
+            summary[f"{suite}/{workload}"]["host_speed"] = speed
+            slow = [run for run, x in speed.items() if x > SLOW_HOST]
+            lines += [
+                "Host speed: each run's sampler host time (code neither backend "
+                "changes) over the set's median at equal running counts: "
+                + ", ".join(f"{run} {x:+.0%}" for run, x in speed.items())
+                + ".",
+                (
+                    f"Slow host (> {SLOW_HOST:+.0%}): {', '.join(slow)}; its "
+                    "latency ratios measure the host, compare without it."
+                    if slow
+                    else f"No run above {SLOW_HOST:+.0%}."
+                ),
+                "",
+            ]
     (out / "tail.md").write_text("\n".join(lines))
     (out / "tail.json").write_text(json.dumps(summary, indent=1))
     _plot(runs, out / "tail.png")

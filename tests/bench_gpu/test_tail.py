@@ -226,3 +226,19 @@ def test_plot_takes_many_runs_per_backend(tmp_path: Path) -> None:
     }
     tail._plot(runs, tmp_path / "tail.png")
     assert (tmp_path / "tail.png").stat().st_size > 0
+
+
+def test_host_speed_names_the_run_on_a_slow_host() -> None:
+    def rows(run: str, sample_us: float) -> list[dict]:
+        return [
+            {"running": b, "run": run, "steps": 100, "sample_us": sample_us * k}
+            for b, k in (("40-59", 1.0), ("60-79", 1.5))
+        ]
+
+    split = rows("paged r1", 1000) + rows("tagma r2", 1250) + rows("paged r3", 990)
+    speed = tail.host_speed(split)
+    # The median run is r1 in both bins; r2's sampler is 25 % slower there.
+    assert speed["paged r1"] == pytest.approx(0.0)
+    assert speed["tagma r2"] == pytest.approx(0.25)
+    assert speed["paged r3"] == pytest.approx(-0.01)
+    assert [r for r, x in speed.items() if x > tail.SLOW_HOST] == ["tagma r2"]
