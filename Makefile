@@ -41,7 +41,7 @@ export TAGMA_BUILD := $(abspath $(BUILD))
 
 .PHONY: help venv fetch apply build-fork worktree export check rebase \
         rebase-continue rebase-abort pr-branch test test-tooling lint-stack \
-        test-conformance test-engine test-bindings bench-host bench-sched bench-alloc bench-write-host bench-construct format-check \
+        test-conformance test-engine test-bindings test-bindings-asan bench-host bench-sched bench-alloc bench-write-host bench-construct format-check \
         bundle bench-gpu bench-offline soak-gpu test-bench-gpu prereqs check-pins lint pins
 
 help: ## list the targets
@@ -186,6 +186,18 @@ test-bindings: $(ABI3AUDIT) ## _tagma_C: its pytest suite (-X dev, leak checks) 
 	  $(PY) -X dev -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
 	$(ABI3AUDIT) --assume-minimum-abi3 3.11 -S -s $(PIN_BUILD)/tagma-ext/_tagma_C.abi3.so
 
+test-bindings-asan: ## _tagma_C's pytest suite against an ASan+UBSan build of it (needs build-fork)
+	$(CMAKE) -S csrc/tagma -B $(PIN_BUILD)/tagma-asan-py -DTAGMA_SANITIZE=ON -DTAGMA_PYTHON_EXT=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
+	$(CMAKE) --build $(PIN_BUILD)/tagma-asan-py -j2 --target _tagma_C
+	# The sanitizer runtime must load before the interpreter; CPython's own
+	# allocations at exit are not leaks of the module (refcount and
+	# tracemalloc checks in the suite cover those).
+	LD_PRELOAD=$$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  TAGMA_EXT_DIR=$(PIN_BUILD)/tagma-asan-py TAGMA_PY_ENGINE=$(PIN_BUILD)/tree/vllm/tagma/free_runs.py \
+	  $(PY) -m pytest -q -p no:cacheprovider csrc/tagma/tests/python
+
 format-check: $(TOOLS) ## clang-format (pinned in scripts/requirements.txt) over the engine
 	$(VENV)/bin/clang-format --dry-run -Werror $$(find csrc/tagma -name '*.h' -o -name '*.cpp')
 
@@ -195,5 +207,5 @@ test: ## the README's test command: everything CI runs (after make build-fork)
 	@[ -x $(PY) ] && [ -f $(PIN_BUILD)/tree/vllm/__init__.py ] || \
 	  { echo "make test: no build for vllm $(VLLM_VERSION) in $(PIN_BUILD); run make build-fork VLLM_VERSION=$(VLLM_VERSION) first"; exit 2; }
 	$(MAKE) --no-print-directory check-pins lint lint-stack format-check test-tooling \
-	  test-engine test-bindings test-conformance test-bench-gpu
+	  test-engine test-bindings test-bindings-asan test-conformance test-bench-gpu
 	PYTHONPATH=scripts $(PY) -m tagma_fork.record --pin $(VLLM_VERSION) --started $(shell date +%s)
