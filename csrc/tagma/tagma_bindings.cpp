@@ -765,6 +765,16 @@ BlockState* live(PyObject* self) {
   return b->state;
 }
 
+// The view's state for a setter, or nullptr with an error: its pool is gone,
+// or the attribute is being deleted (`field` names it).
+BlockState* writable(PyObject* self, PyObject* value, const char* field) {
+  if (value == nullptr) {
+    PyErr_Format(PyExc_TypeError, "Block.%s cannot be deleted", field);
+    return nullptr;
+  }
+  return live(self);
+}
+
 PyObject* Block_get_id(PyObject* self, void*) {
   return PyLong_FromUnsignedLong(as_block(self)->id);
 }
@@ -776,12 +786,8 @@ PyObject* Block_get_ref_cnt(PyObject* self, void*) {
 }
 
 int Block_set_ref_cnt(PyObject* self, PyObject* value, void*) {
-  BlockState* st = live(self);
+  BlockState* st = writable(self, value, "ref_cnt");
   if (st == nullptr) return -1;
-  if (value == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "Block.ref_cnt cannot be deleted");
-    return -1;
-  }
   int64_t v = 0;
   if (!to_i64(value, "Block.ref_cnt", "value", &v)) return -1;
   if (v < INT32_MIN || v > INT32_MAX) {
@@ -801,12 +807,8 @@ PyObject* Block_get_is_null(PyObject* self, void*) {
 }
 
 int Block_set_is_null(PyObject* self, PyObject* value, void*) {
-  BlockState* st = live(self);
+  BlockState* st = writable(self, value, "is_null");
   if (st == nullptr) return -1;
-  if (value == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "Block.is_null cannot be deleted");
-    return -1;
-  }
   const int truth = PyObject_IsTrue(value);
   if (truth < 0) return -1;
   st->is_null[as_block(self)->id] = static_cast<uint8_t>(truth);
@@ -1078,12 +1080,14 @@ void Blocks_dealloc(PyObject* self) {
     for (PyObject* v : st->view) {
       if (v != nullptr) as_block(v)->state = nullptr;
     }
-    for (PyObject* v : st->view) {
+    // A view stays owned here until its own turn, so releasing another's
+    // links cannot free it.
+    for (PyObject*& v : st->view) {
       if (v == nullptr) continue;
       Py_CLEAR(as_block(v)->prev);
       Py_CLEAR(as_block(v)->next);
+      Py_CLEAR(v);
     }
-    for (PyObject*& v : st->view) Py_CLEAR(v);
     for (PyObject*& h : st->hash) Py_CLEAR(h);
     Py_CLEAR(st->pool);
     delete st;
