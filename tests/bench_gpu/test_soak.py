@@ -221,7 +221,9 @@ def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path, de
     assert "results/1b-host/run2-tagma/run.json" in names
 
 
-@pytest.mark.parametrize("run", ["full-480s", "first-480s", "calibration-150s"])
+@pytest.mark.parametrize(
+    "run", ["views-480s", "full-480s", "first-480s", "calibration-150s"]
+)
 def test_published_soaks_rebuild_their_verdict(run):
     """The committed H200 soaks: today's verdict, from their own records, is
     the one they published (results/soak-h200-0.26.0/README.md)."""
