@@ -20,6 +20,8 @@
 //   class Blocks(Sequence[Block]):  # BlockPool.make_blocks
 //       def __init__(self, num_blocks: int, pool: object = None): ...
 //       def hand_out(self, start, length, /) -> list[Block]: ...
+//       def cache_full(self, entries, blocks, hashes, start, end,
+//                      block_size, suffix, /) -> int: ...
 //
 //   class Block:  # vLLM's KVCacheBlock fields, made by Blocks only
 //       block_id: int  # read-only
@@ -1195,12 +1197,166 @@ PyObject* Blocks_hand_out(PyObject* self, PyObject* const* args,
   return list;
 }
 
+// The view of `item` if it is one of this Blocks object's views, else
+// nullptr with TypeError naming the argument and the index.
+BlockObject* own_view(BlocksObject* o, PyObject* item, const char* name,
+                      Py_ssize_t i) {
+  if (Py_TYPE(item) != reinterpret_cast<PyTypeObject*>(o->block_type) ||
+      as_block(item)->state != o->state) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: blocks[%zd] is %R, not a Block of this pool", name, i,
+                 reinterpret_cast<PyObject*>(Py_TYPE(item)));
+    return nullptr;
+  }
+  return as_block(item);
+}
+
+// entries[key] gets view v as upstream's BlockHashToBlockMap.insert does:
+// the view alone, or {block_id: view} once a key has several blocks.
+bool insert_entry(PyObject* entries, PyObject* key, PyObject* existing,
+                  PyObject* v) {
+  if (existing == nullptr) return PyDict_SetItem(entries, key, v) == 0;
+  PyObject* id = PyLong_FromUnsignedLong(as_block(v)->id);
+  if (id == nullptr) return false;
+  bool ok = false;
+  if (PyDict_Check(existing)) {
+    ok = PyDict_SetItem(existing, id, v) == 0;
+  } else {
+    PyObject* both = PyDict_New();
+    PyObject* old_id = both == nullptr
+                           ? nullptr
+                           : PyLong_FromUnsignedLong(as_block(existing)->id);
+    ok = old_id != nullptr && PyDict_SetItem(both, old_id, existing) == 0 &&
+         PyDict_SetItem(both, id, v) == 0 &&
+         PyDict_SetItem(entries, key, both) == 0;
+    Py_XDECREF(old_id);
+    Py_XDECREF(both);
+  }
+  Py_DECREF(id);
+  return ok;
+}
+
+// cache_full(entries, blocks, hashes, start, end, block_size, suffix): the
+// prefix caching of blocks[start:end], a request's newly full blocks, as
+// upstream's BlockPool.cache_full_blocks does it without KV events, masks or
+// a hash block size of its own: block i (not the null block) gets the key
+// hashes[i] + suffix (the group id's 4 bytes), with (i + 1) * block_size
+// tokens, and `entries` (the map's dict) gets the block under that key.
+// Stops at the first block that already has a key (upstream's promotion
+// path, left to the caller) and returns its index, else `end`.
+PyObject* Blocks_cache_full(PyObject* self, PyObject* const* args,
+                            Py_ssize_t nargs) {
+  const char* name = "Blocks.cache_full";
+  if (!check_nargs(name, nargs, 7, 7)) return nullptr;
+  PyObject* entries = args[0];
+  PyObject* blocks = args[1];
+  PyObject* hashes = args[2];
+  PyObject* suffix = args[6];
+  int64_t start = 0, end = 0, block_size = 0;
+  if (!to_i64(args[3], name, "start", &start) ||
+      !to_i64(args[4], name, "end", &end) ||
+      !to_i64(args[5], name, "block_size", &block_size)) {
+    return nullptr;
+  }
+  if (!PyDict_Check(entries) || !PyList_Check(blocks) ||
+      !PyList_Check(hashes) || !PyBytes_Check(suffix)) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: entries must be a dict, blocks and hashes lists, suffix "
+                 "bytes; got %R, %R, %R, %R",
+                 name, reinterpret_cast<PyObject*>(Py_TYPE(entries)),
+                 reinterpret_cast<PyObject*>(Py_TYPE(blocks)),
+                 reinterpret_cast<PyObject*>(Py_TYPE(hashes)),
+                 reinterpret_cast<PyObject*>(Py_TYPE(suffix)));
+    return nullptr;
+  }
+  const Py_ssize_t num_blocks = PyList_Size(blocks);
+  const Py_ssize_t num_hashes = PyList_Size(hashes);
+  if (start < 0 || start > end || end > num_blocks || end > num_hashes ||
+      block_size < 1) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s(start=%lld, end=%lld, block_size=%lld): needs 0 <= start "
+                 "<= end <= %zd blocks and %zd hashes, block_size >= 1",
+                 name, static_cast<long long>(start),
+                 static_cast<long long>(end),
+                 static_cast<long long>(block_size), num_blocks, num_hashes);
+    return nullptr;
+  }
+  BlocksObject* o = as_blocks(self);
+  BlockState& st = *o->state;
+  // Check every argument before changing anything.
+  for (Py_ssize_t i = start; i < end; ++i) {
+    if (own_view(o, PyList_GetItem(blocks, i), name, i) == nullptr) {
+      return nullptr;
+    }
+    if (!PyBytes_Check(PyList_GetItem(hashes, i))) {
+      PyErr_Format(
+          PyExc_TypeError, "%s: hashes[%zd] is %R, not bytes", name, i,
+          reinterpret_cast<PyObject*>(Py_TYPE(PyList_GetItem(hashes, i))));
+      return nullptr;
+    }
+  }
+  Py_ssize_t i = start;
+  for (; i < end; ++i) {
+    PyObject* v = PyList_GetItem(blocks, i);  // borrowed, checked above
+    const uint32_t id = as_block(v)->id;
+    if (st.is_null[id]) continue;
+    if (st.hash[id] != nullptr) break;  // promotion: the caller's
+    PyObject* key = PyList_GetItem(hashes, i);
+    Py_INCREF(key);
+    PyBytes_Concat(&key, suffix);  // a new object: hashes stay as they are
+    if (key == nullptr) return nullptr;
+    PyObject* existing = PyDict_GetItemWithError(entries, key);  // borrowed
+    if (existing == nullptr && PyErr_Occurred()) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    if (existing == v) {  // the key holds this block already
+      Py_DECREF(key);
+      continue;
+    }
+    if (existing != nullptr && !PyDict_Check(existing) &&
+        own_view(o, existing, name, i) == nullptr) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    if (existing != nullptr && PyDict_Check(existing)) {
+      PyObject* id_obj = PyLong_FromUnsignedLong(id);
+      const int has =
+          id_obj == nullptr ? -1 : PyDict_Contains(existing, id_obj);
+      Py_XDECREF(id_obj);
+      if (has != 0) {
+        Py_DECREF(key);
+        if (has < 0) return nullptr;
+        continue;
+      }
+    }
+    Py_INCREF(existing == nullptr ? Py_None : existing);  // kept across SetItem
+    const bool ok = insert_entry(entries, key, existing, v);
+    Py_DECREF(existing == nullptr ? Py_None : existing);
+    if (!ok) {
+      Py_DECREF(key);
+      return nullptr;
+    }
+    st.hash[id] = key;  // owns the new key
+    st.hash_tokens[id] = (static_cast<int64_t>(i) + 1) * block_size;
+  }
+  return PyLong_FromSsize_t(i);
+}
+
 PyMethodDef Blocks_methods[] = {
     {"hand_out", fast(Blocks_hand_out), METH_FASTCALL,
      "hand_out(start, length, /) -> list[Block]\n--\n\nBlocks [start, "
      "start + length), each free and clean (ref_cnt 0, no hash, not null), "
      "get ref_cnt 1; returns their views. ValueError, nothing changed, if "
      "the range is not in the pool or a block is not free and clean."},
+    {"cache_full", fast(Blocks_cache_full), METH_FASTCALL,
+     "cache_full(entries, blocks, hashes, start, end, block_size, suffix, /) "
+     "-> int\n--\n\nPrefix-caches blocks[start:end] (Block views of this "
+     "pool): each block that is not the null block gets the key hashes[i] + "
+     "suffix with (i + 1) * block_size tokens, and the dict `entries` gets "
+     "it under that key (the block, or {block_id: block} for several). "
+     "Stops at the first block that already has a key and returns its index, "
+     "else end. TypeError or ValueError, nothing changed, on bad arguments."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -293,3 +293,113 @@ def np_int(x):
             return x
 
     return IntLike()
+
+
+SUFFIX = (3).to_bytes(4, "big")
+
+
+def test_cache_full_sets_keys_and_fills_the_map():
+    b = T.Blocks(10)
+    blocks = [b[4], b[0], b[5], b[6]]
+    b[0].is_null = True
+    hashes = [b"h0", b"h1", b"h2", b"h3", b"h4"]
+    entries = {}
+    assert b.cache_full(entries, blocks, hashes, 0, 3, 16, SUFFIX) == 3
+    # The null block is skipped; keys are hash + suffix, tokens (i + 1) * 16.
+    assert [(v.block_hash, v.block_hash_num_tokens) for v in blocks] == [
+        (b"h0" + SUFFIX, 16),
+        (None, None),
+        (b"h2" + SUFFIX, 48),
+        (None, None),
+    ]
+    assert entries == {b"h0" + SUFFIX: b[4], b"h2" + SUFFIX: b[5]}
+    assert hashes == [b"h0", b"h1", b"h2", b"h3", b"h4"]
+    # The next block, on a later step.
+    assert b.cache_full(entries, blocks, hashes, 3, 4, 16, SUFFIX) == 4
+    assert entries[b"h3" + SUFFIX] is b[6] and b[6].block_hash_num_tokens == 64
+
+
+def test_cache_full_shares_a_key_as_upstream_does():
+    b = T.Blocks(10)
+    key = b"h" + SUFFIX
+    entries = {}
+    for i, view in enumerate((b[1], b[2], b[3])):
+        assert b.cache_full(entries, [view], [b"h"], 0, 1, 16, SUFFIX) == 1
+        if i == 0:
+            assert entries[key] is b[1]
+    # Upstream's BlockHashToBlockMap: one block, then {block_id: block}.
+    assert entries == {key: {1: b[1], 2: b[2], 3: b[3]}}
+    # A key that holds the block already is left alone (the block's own key
+    # stays None, as upstream's `contain` check leaves it).
+    entries2 = {key: b[7]}
+    assert b.cache_full(entries2, [b[7]], [b"h"], 0, 1, 16, SUFFIX) == 1
+    assert entries2 == {key: b[7]} and b[7].block_hash is None
+    entries3 = {key: {8: b[8]}}
+    assert b.cache_full(entries3, [b[8]], [b"h"], 0, 1, 16, SUFFIX) == 1
+    assert entries3 == {key: {8: b[8]}} and b[8].block_hash is None
+
+
+def test_cache_full_stops_at_a_keyed_block():
+    b = T.Blocks(6)
+    b[2].set_block_hash(b"old", 8)
+    entries = {}
+    blocks = [b[1], b[2], b[3]]
+    assert b.cache_full(entries, blocks, [b"a", b"b", b"c"], 0, 3, 16, SUFFIX) == 1
+    assert list(entries) == [b"a" + SUFFIX]
+    assert b[2].block_hash == b"old" and b[3].block_hash is None
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (({}, "x", [b"a"], 0, 1, 16, SUFFIX), TypeError, "lists"),
+        (([], [0], [b"a"], 0, 1, 16, SUFFIX), TypeError, "must be a dict"),
+        (({}, [0], [b"a"], 0, 1, 16, "s"), TypeError, "suffix bytes"),
+        (({}, [0], [b"a"], 0, 2, 16, SUFFIX), ValueError, r"end=2.*1 blocks"),
+        (({}, [0, 1], [b"a"], 0, 2, 16, SUFFIX), ValueError, "1 hashes"),
+        (({}, [0], [b"a"], 1, 0, 16, SUFFIX), ValueError, "start=1"),
+        (({}, [0], [b"a"], 0, 1, 0, SUFFIX), ValueError, "block_size >= 1"),
+        (({}, [0, 1], [b"a", "b"], 0, 2, 16, SUFFIX), TypeError, r"hashes\[1\]"),
+        (({}, [0, "other"], [b"a"] * 2, 0, 2, 16, SUFFIX), TypeError, r"blocks\[1\]"),
+    ],
+)
+def test_cache_full_errors_change_nothing(args, error, match):
+    b = T.Blocks(4)
+    other = T.Blocks(4)
+    entries, blocks, *rest = args
+    if isinstance(blocks, list):
+        blocks = [other[1] if x == "other" else b[x] for x in blocks]
+    before = dict(entries) if isinstance(entries, dict) else entries
+    with pytest.raises(error, match=match):
+        b.cache_full(entries, blocks, *rest)
+    assert entries == before
+    assert [v.block_hash for v in b] == [None] * 4
+
+
+def test_cache_full_checks_the_entry_it_merges_with():
+    # An entry that is neither a block of this pool nor a dict is a broken
+    # map: TypeError, as upstream's map raises on an unexpected entry.
+    b = T.Blocks(4)
+    entries = {b"h" + SUFFIX: "junk"}
+    with pytest.raises(TypeError, match="not a Block of this pool"):
+        b.cache_full(entries, [b[1]], [b"h"], 0, 1, 16, SUFFIX)
+    assert entries == {b"h" + SUFFIX: "junk"} and b[1].block_hash is None
+
+
+def test_cache_full_does_not_leak():
+    hashes = [bytes([i]) * 32 for i in range(16)]
+
+    def loop(n):
+        for _ in range(n):
+            b = T.Blocks(40)
+            entries = {}
+            b.cache_full(entries, b[1:17], hashes, 0, 16, 16, SUFFIX)
+            b.cache_full(entries, b[17:33], hashes, 0, 16, 16, SUFFIX)
+            del b, entries
+
+    loop(50)
+    gc.collect()
+    refs = [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(SUFFIX)]
+    loop(500)
+    gc.collect()
+    assert [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(SUFFIX)] == refs
