@@ -22,6 +22,8 @@
 //       def hand_out(self, start, length, /) -> list[Block]: ...
 //       def cache_full(self, entries, blocks, hashes, start, end,
 //                      block_size, suffix, /) -> int: ...
+//       def release(self, blocks, watch, /)
+//           -> tuple[list[int], list[Block], list[int], list]: ...
 //
 //   class Block:  # vLLM's KVCacheBlock fields, made by Blocks only
 //       block_id: int  # read-only
@@ -1343,6 +1345,108 @@ PyObject* Blocks_cache_full(PyObject* self, PyObject* const* args,
   return PyLong_FromSsize_t(i);
 }
 
+// release(blocks, watch): the reference drop of BlockPool.free_blocks.
+// Every item of the iterable `blocks` that is a view of this table and not
+// the null block loses one reference; items that are not views of this
+// table are returned untouched (`others`, in order) for the caller to route.
+// Returns (clean, cached, watched, others): the ids of the blocks that
+// became free without a key, the views of those that became free with one
+// (both in the given order), and the ids among them that are keys of the
+// dict `watch` (None: none). A reference count that would drop below 0
+// raises ValueError with every count restored.
+PyObject* Blocks_release(PyObject* self, PyObject* const* args,
+                         Py_ssize_t nargs) {
+  const char* name = "Blocks.release";
+  if (!check_nargs(name, nargs, 2, 2)) return nullptr;
+  PyObject* watch = args[1];
+  if (watch != Py_None && !PyDict_Check(watch)) {
+    PyErr_Format(PyExc_TypeError, "%s: watch must be a dict or None, not %R",
+                 name, reinterpret_cast<PyObject*>(Py_TYPE(watch)));
+    return nullptr;
+  }
+  BlocksObject* o = as_blocks(self);
+  BlockState& st = *o->state;
+  PyObject* it = PyObject_GetIter(args[0]);
+  if (it == nullptr) return nullptr;
+  PyObject* others = PyList_New(0);
+  if (others == nullptr) {
+    Py_DECREF(it);
+    return nullptr;
+  }
+  return guarded([&]() -> PyObject* {
+    RawVector<uint32_t> ids;
+    bool failed = false;
+    while (PyObject* item = PyIter_Next(it)) {
+      if (Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(o->block_type) &&
+          as_block(item)->state == o->state) {
+        if (!st.is_null[as_block(item)->id]) ids.push_back(as_block(item)->id);
+      } else if (PyList_Append(others, item) != 0) {
+        failed = true;
+      }
+      Py_DECREF(item);
+      if (failed) break;
+    }
+    Py_DECREF(it);
+    if (failed || PyErr_Occurred()) {
+      Py_DECREF(others);
+      return nullptr;
+    }
+    // Drop the references; a block listed twice reaches 0 at most once.
+    RawVector<uint8_t> freed(ids.size(), 0);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const uint32_t id = ids[k];
+      if (st.ref_cnt[id] <= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: block %u is freed with ref_cnt %d (freed more "
+                     "often than held)",
+                     name, id, st.ref_cnt[id]);
+        for (size_t j = 0; j < k; ++j) ++st.ref_cnt[ids[j]];
+        Py_DECREF(others);
+        return nullptr;
+      }
+      freed[k] = --st.ref_cnt[id] == 0;
+    }
+    PyObject* clean = PyList_New(0);
+    PyObject* cached = PyList_New(0);
+    PyObject* watched = PyList_New(0);
+    bool ok = clean != nullptr && cached != nullptr && watched != nullptr;
+    for (size_t k = 0; ok && k < ids.size(); ++k) {
+      if (!freed[k]) continue;
+      const uint32_t id = ids[k];
+      PyObject* id_obj = PyLong_FromUnsignedLong(id);
+      if (id_obj == nullptr) {
+        ok = false;
+        break;
+      }
+      if (st.hash[id] == nullptr) {
+        ok = PyList_Append(clean, id_obj) == 0;
+      } else {
+        PyObject* v = view_of(o, id);
+        ok = v != nullptr && PyList_Append(cached, v) == 0;
+        Py_XDECREF(v);
+      }
+      if (ok && watch != Py_None) {
+        const int has = PyDict_Contains(watch, id_obj);
+        ok = has >= 0 && (has == 0 || PyList_Append(watched, id_obj) == 0);
+      }
+      Py_DECREF(id_obj);
+    }
+    if (!ok) {  // out of memory: the counts stay dropped, as upstream's loop
+      Py_XDECREF(clean);
+      Py_XDECREF(cached);
+      Py_XDECREF(watched);
+      Py_DECREF(others);
+      return nullptr;
+    }
+    PyObject* out = PyTuple_Pack(4, clean, cached, watched, others);
+    Py_DECREF(clean);
+    Py_DECREF(cached);
+    Py_DECREF(watched);
+    Py_DECREF(others);
+    return out;
+  });
+}
+
 PyMethodDef Blocks_methods[] = {
     {"hand_out", fast(Blocks_hand_out), METH_FASTCALL,
      "hand_out(start, length, /) -> list[Block]\n--\n\nBlocks [start, "
@@ -1357,6 +1461,15 @@ PyMethodDef Blocks_methods[] = {
      "it under that key (the block, or {block_id: block} for several). "
      "Stops at the first block that already has a key and returns its index, "
      "else end. TypeError or ValueError, nothing changed, on bad arguments."},
+    {"release", fast(Blocks_release), METH_FASTCALL,
+     "release(blocks, watch, /) -> tuple[list[int], list[Block], list[int], "
+     "list]\n--\n\nDrops one reference of each block in the iterable "
+     "(views of this table; the null block is skipped) and returns (clean "
+     "ids, cached views, watched ids, others): the blocks that became free "
+     "without and with a key, in order, the ids among them that are keys of "
+     "the dict `watch` (None: none), and the items that are not views of "
+     "this table, untouched. ValueError, every count restored, if a count "
+     "would drop below 0."},
     {nullptr, nullptr, 0, nullptr},
 };
 
