@@ -18,6 +18,10 @@ no switch for them:
   `held_slots` entries, so the scheduler still calls `allocate_slots` for
   every running request every step (the held-slots patch before its
   scheduler hook).
+- `UnbatchedKVCacheManager`: tagma promising no step in `batched_slots`,
+  so the scheduler calls `allocate_slots` for every block-completing and
+  block-crossing decode step, as before that patch, instead of one
+  `allocate_batched` call a step.
 - `PyRunsKVCacheManager`: tagma on the pure-Python free-run index
   (`vllm.tagma.free_runs`, the fallback where the extension cannot load)
   instead of the C++ one: what the C++ engine contributes.
@@ -85,6 +89,12 @@ class CallEveryStepKVCacheManager(_CallEveryStep, KVCacheManager):
 
 class TagmaCallEveryStepKVCacheManager(_CallEveryStep, TagmaKVCacheManager):
     pass
+
+
+class UnbatchedKVCacheManager(TagmaKVCacheManager):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._batching = False
 
 
 class PyRunsBlockPool(TagmaBlockPool):

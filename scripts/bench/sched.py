@@ -75,6 +75,7 @@ VARIANTS = {
     "paged-released-ids": ("paged", "ablation.ReleasedBlockIdsKVCacheManager"),
     "paged-call-every-step": ("paged", "ablation.CallEveryStepKVCacheManager"),
     "tagma-call-every-step": ("paged", "ablation.TagmaCallEveryStepKVCacheManager"),
+    "tagma-unbatched": ("paged", "ablation.UnbatchedKVCacheManager"),
     "tagma-pyruns": ("paged", "ablation.PyRunsKVCacheManager"),
     "tagma-both-books": ("paged", "ablation.BothBooksKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
@@ -88,6 +89,7 @@ KV_METHODS = (
     "get_num_common_prefix_blocks",
     "take_new_block_ids",
     "pop_blocks_for_free",
+    "allocate_batched",
 )
 
 

@@ -55,6 +55,7 @@ EXECUTOR = "vllm.v1.executor.uniproc_executor"
 KV_METHODS = (
     "get_computed_blocks",
     "allocate_slots",
+    "allocate_batched",
     "free",
     "get_blocks",
     "get_block_ids",
