@@ -24,6 +24,11 @@
 //                      block_size, suffix, /) -> int: ...
 //       def release(self, blocks, watch, /)
 //           -> tuple[list[int], list[Block], list[int], list]: ...
+//       def allocate_batched(self, steps, start, req_to_blocks, headroom,
+//                            num_cached_block, held_slots, batched_slots,
+//                            new_block_ids, new_blocks, make_new, entries,
+//                            suffix, block_size, max_model_len, /)
+//           -> tuple[int, int]: ...
 //
 //   class Block:  # vLLM's KVCacheBlock fields, made by Blocks only
 //       block_id: int  # read-only
@@ -62,6 +67,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -1238,6 +1244,54 @@ bool insert_entry(PyObject* entries, PyObject* key, PyObject* existing,
   return ok;
 }
 
+// Prefix-caches view v, block i of a request (not the null block, no key
+// yet), under the key hash + suffix with (i + 1) * block_size tokens, as
+// upstream's BlockHashToBlockMap.insert and KVCacheBlock.block_hash do it;
+// a key that already holds the block leaves it as it is. False with an
+// exception set on failure.
+bool cache_block(BlocksObject* o, PyObject* entries, PyObject* hash,
+                 PyObject* suffix, PyObject* v, Py_ssize_t i,
+                 int64_t block_size, const char* name) {
+  BlockState& st = *o->state;
+  const uint32_t id = as_block(v)->id;
+  PyObject* key = Py_NewRef(hash);
+  PyBytes_Concat(&key, suffix);  // a new object: hashes stay as they are
+  if (key == nullptr) return false;
+  PyObject* existing = PyDict_GetItemWithError(entries, key);  // borrowed
+  if (existing == nullptr && PyErr_Occurred()) {
+    Py_DECREF(key);
+    return false;
+  }
+  if (existing == v) {  // the key holds this block already
+    Py_DECREF(key);
+    return true;
+  }
+  if (existing != nullptr && !PyDict_Check(existing) &&
+      own_view(o, existing, name, i) == nullptr) {
+    Py_DECREF(key);
+    return false;
+  }
+  if (existing != nullptr && PyDict_Check(existing)) {
+    PyObject* id_obj = PyLong_FromUnsignedLong(id);
+    const int has = id_obj == nullptr ? -1 : PyDict_Contains(existing, id_obj);
+    Py_XDECREF(id_obj);
+    if (has != 0) {
+      Py_DECREF(key);
+      return has > 0;
+    }
+  }
+  Py_INCREF(existing == nullptr ? Py_None : existing);  // kept across SetItem
+  const bool ok = insert_entry(entries, key, existing, v);
+  Py_DECREF(existing == nullptr ? Py_None : existing);
+  if (!ok) {
+    Py_DECREF(key);
+    return false;
+  }
+  st.hash[id] = key;  // owns the new key
+  st.hash_tokens[id] = (static_cast<int64_t>(i) + 1) * block_size;
+  return true;
+}
+
 // cache_full(entries, blocks, hashes, start, end, block_size, suffix): the
 // prefix caching of blocks[start:end], a request's newly full blocks, as
 // upstream's BlockPool.cache_full_blocks does it without KV events, masks or
@@ -1303,44 +1357,10 @@ PyObject* Blocks_cache_full(PyObject* self, PyObject* const* args,
     const uint32_t id = as_block(v)->id;
     if (st.is_null[id]) continue;
     if (st.hash[id] != nullptr) break;  // promotion: the caller's
-    PyObject* key = PyList_GetItem(hashes, i);
-    Py_INCREF(key);
-    PyBytes_Concat(&key, suffix);  // a new object: hashes stay as they are
-    if (key == nullptr) return nullptr;
-    PyObject* existing = PyDict_GetItemWithError(entries, key);  // borrowed
-    if (existing == nullptr && PyErr_Occurred()) {
-      Py_DECREF(key);
+    if (!cache_block(o, entries, PyList_GetItem(hashes, i), suffix, v, i,
+                     block_size, name)) {
       return nullptr;
     }
-    if (existing == v) {  // the key holds this block already
-      Py_DECREF(key);
-      continue;
-    }
-    if (existing != nullptr && !PyDict_Check(existing) &&
-        own_view(o, existing, name, i) == nullptr) {
-      Py_DECREF(key);
-      return nullptr;
-    }
-    if (existing != nullptr && PyDict_Check(existing)) {
-      PyObject* id_obj = PyLong_FromUnsignedLong(id);
-      const int has =
-          id_obj == nullptr ? -1 : PyDict_Contains(existing, id_obj);
-      Py_XDECREF(id_obj);
-      if (has != 0) {
-        Py_DECREF(key);
-        if (has < 0) return nullptr;
-        continue;
-      }
-    }
-    Py_INCREF(existing == nullptr ? Py_None : existing);  // kept across SetItem
-    const bool ok = insert_entry(entries, key, existing, v);
-    Py_DECREF(existing == nullptr ? Py_None : existing);
-    if (!ok) {
-      Py_DECREF(key);
-      return nullptr;
-    }
-    st.hash[id] = key;  // owns the new key
-    st.hash_tokens[id] = (static_cast<int64_t>(i) + 1) * block_size;
   }
   return PyLong_FromSsize_t(i);
 }
@@ -1447,6 +1467,319 @@ PyObject* Blocks_release(PyObject* self, PyObject* const* args,
   });
 }
 
+// An attribute of o as int64 (new reference dropped); false with an
+// exception set.
+bool attr_i64(PyObject* o, PyObject* attr, const char* where, int64_t* out) {
+  PyObject* v = PyObject_GetAttr(o, attr);
+  if (v == nullptr) return false;
+  const bool ok = to_i64(v, where, "request attribute", out);
+  Py_DECREF(v);
+  return ok;
+}
+
+// d[key] as int64 with `fallback` where d has no key; false with an
+// exception set.
+bool dict_i64(PyObject* d, PyObject* key, int64_t fallback, const char* where,
+              int64_t* out) {
+  PyObject* v = PyDict_GetItemWithError(d, key);  // borrowed
+  if (v == nullptr) {
+    *out = fallback;
+    return !PyErr_Occurred();
+  }
+  return to_i64(v, where, "dict value", out);
+}
+
+// d[key] = v for an int v; false with an exception set.
+bool dict_set_i64(PyObject* d, PyObject* key, int64_t v) {
+  PyObject* obj = PyLong_FromLongLong(v);
+  if (obj == nullptr) return false;
+  const int rc = PyDict_SetItem(d, key, obj);
+  Py_DECREF(obj);
+  return rc == 0;
+}
+
+struct RequestAttrs {
+  PyObject* request_id;
+  PyObject* num_computed_tokens;
+  PyObject* num_tokens;
+  PyObject* block_hashes;
+};
+
+// Interned once; never freed (four strings for the process's life).
+const RequestAttrs* request_attrs() {
+  static RequestAttrs attrs{};
+  if (attrs.block_hashes == nullptr) {
+    PyObject* a = PyUnicode_InternFromString("request_id");
+    PyObject* b = PyUnicode_InternFromString("num_computed_tokens");
+    PyObject* c = PyUnicode_InternFromString("num_tokens");
+    PyObject* d = PyUnicode_InternFromString("block_hashes");
+    if (a == nullptr || b == nullptr || c == nullptr || d == nullptr) {
+      Py_XDECREF(a);
+      Py_XDECREF(b);
+      Py_XDECREF(c);
+      Py_XDECREF(d);
+      return nullptr;
+    }
+    attrs = {a, b, c, d};
+  }
+  return &attrs;
+}
+
+// What one promised step needs, worked out before anything changes.
+struct StepPlan {
+  PyObject* blocks;  // borrowed: the request's list of views
+  Py_ssize_t num_blocks;
+  uint32_t last;       // its last block
+  bool grow;           // takes block last + 1 from the headroom after last
+  int64_t held;        // that headroom (grow only)
+  int64_t num_cached;  // its blocks already cached (caching on)
+  int64_t num_full;    // its full blocks after the step (> num_cached: cache)
+  PyObject* hashes;    // new reference when caching, else nullptr
+};
+
+// allocate_batched(steps, start, req_to_blocks, headroom, num_cached_block,
+// held_slots, batched_slots, new_block_ids, new_blocks, make_new, entries,
+// suffix, block_size, max_model_len): the decoding steps the tagma manager
+// promised in batched_slots (KVCacheManager.allocate_batched), from
+// steps[start] on, in one call. See the method's doc below.
+PyObject* Blocks_allocate_batched(PyObject* self, PyObject* const* args,
+                                  Py_ssize_t nargs) {
+  const char* name = "Blocks.allocate_batched";
+  if (!check_nargs(name, nargs, 14, 14)) return nullptr;
+  PyObject* steps = args[0];
+  PyObject* req_to_blocks = args[2];
+  PyObject* headroom = args[3];
+  PyObject* num_cached_block = args[4];
+  PyObject* held_slots = args[5];
+  PyObject* batched_slots = args[6];
+  PyObject* new_block_ids = args[7];
+  PyObject* new_blocks = args[8];
+  PyObject* make_new = args[9];
+  PyObject* entries = args[10];
+  PyObject* suffix = args[11];
+  int64_t start = 0, block_size = 0, max_model_len = 0;
+  if (!to_i64(args[1], name, "start", &start) ||
+      !to_i64(args[12], name, "block_size", &block_size) ||
+      !to_i64(args[13], name, "max_model_len", &max_model_len)) {
+    return nullptr;
+  }
+  const bool caching = num_cached_block != Py_None;
+  if (!PyList_Check(steps) || !PyDict_Check(req_to_blocks) ||
+      !PyDict_Check(headroom) || (caching && !PyDict_Check(num_cached_block)) ||
+      !PyDict_Check(held_slots) || !PyDict_Check(batched_slots) ||
+      (new_block_ids != Py_None && !PyList_Check(new_block_ids)) ||
+      !PyDict_Check(new_blocks) || !PyCallable_Check(make_new) ||
+      (entries != Py_None && !PyDict_Check(entries)) ||
+      (entries != Py_None && !PyBytes_Check(suffix))) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: needs steps a list; req_to_blocks, headroom, held_slots, "
+                 "batched_slots and new_blocks dicts; num_cached_block a dict "
+                 "or None; new_block_ids a list or None; make_new callable; "
+                 "entries a dict or None, with suffix bytes",
+                 name);
+    return nullptr;
+  }
+  const Py_ssize_t num_steps = PyList_Size(steps);
+  if (start < 0 || start > num_steps || block_size < 1 || max_model_len < 1) {
+    PyErr_Format(PyExc_ValueError,
+                 "%s(start=%lld, block_size=%lld, max_model_len=%lld): needs "
+                 "0 <= start <= %zd steps, block_size and max_model_len >= 1",
+                 name, static_cast<long long>(start),
+                 static_cast<long long>(block_size),
+                 static_cast<long long>(max_model_len), num_steps);
+    return nullptr;
+  }
+  const RequestAttrs* attrs = request_attrs();
+  if (attrs == nullptr) return nullptr;
+  BlocksObject* o = as_blocks(self);
+  BlockState& st = *o->state;
+  const auto is_view = [&](PyObject* item) {
+    return Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(o->block_type) &&
+           as_block(item)->state == o->state;
+  };
+  int64_t taken = 0;
+  Py_ssize_t k = start;
+  for (; k < num_steps; ++k) {
+    PyObject* step = PyList_GetItem(steps, k);  // borrowed
+    if (!PyTuple_Check(step) || PyTuple_Size(step) != 2) break;
+    PyObject* request = PyTuple_GetItem(step, 0);
+    int64_t num_new = 0, num_computed = 0;
+    if (!to_i64(PyTuple_GetItem(step, 1), name, "num_new_tokens", &num_new)) {
+      return nullptr;
+    }
+    PyObject* rid = PyObject_GetAttr(request, attrs->request_id);
+    if (rid == nullptr) return nullptr;
+    // Every exit below drops rid (and the plan's hashes): `done` says
+    // whether the step was taken, `failed` whether an exception is set.
+    StepPlan plan{};
+    bool failed = false;
+    bool done = false;
+    do {
+      if (!attr_i64(request, attrs->num_computed_tokens, name, &num_computed)) {
+        failed = true;
+        break;
+      }
+      plan.blocks = PyDict_GetItemWithError(req_to_blocks, rid);
+      if (plan.blocks == nullptr) {
+        failed = PyErr_Occurred() != nullptr;
+        break;
+      }
+      if (!PyList_Check(plan.blocks)) break;
+      plan.num_blocks = PyList_Size(plan.blocks);
+      if (plan.num_blocks == 0) break;
+      PyObject* last = PyList_GetItem(plan.blocks, plan.num_blocks - 1);
+      if (!is_view(last)) break;
+      plan.last = as_block(last)->id;
+      const int64_t num_tokens = num_computed + num_new;
+      const int64_t want =
+          (std::min(num_tokens, max_model_len) + block_size - 1) / block_size;
+      if (want > plan.num_blocks + 1) break;  // more than the headroom's one
+      plan.grow = want > plan.num_blocks;
+      if (plan.grow) {
+        PyObject* key = PyLong_FromUnsignedLong(plan.last);
+        const bool ok =
+            key != nullptr && dict_i64(headroom, key, 0, name, &plan.held);
+        Py_XDECREF(key);
+        if (!ok) {
+          failed = true;
+          break;
+        }
+        const uint32_t next = plan.last + 1;
+        if (plan.held < 1 || next >= st.size() || st.ref_cnt[next] != 0 ||
+            st.hash[next] != nullptr || st.is_null[next]) {
+          break;  // the caller's path raises or copes
+        }
+      }
+      const Py_ssize_t num_after = plan.num_blocks + (plan.grow ? 1 : 0);
+      if (caching) {
+        if (!dict_i64(num_cached_block, rid, 0, name, &plan.num_cached)) {
+          failed = true;
+          break;
+        }
+        plan.num_full = plan.num_cached;
+        if (num_tokens / block_size > plan.num_cached) {
+          if (entries == Py_None) break;  // the caller caches
+          int64_t known = 0;
+          if (!attr_i64(request, attrs->num_tokens, name, &known)) {
+            failed = true;
+            break;
+          }
+          plan.num_full = std::min(num_tokens, known) / block_size;
+        }
+        if (plan.num_full > plan.num_cached) {
+          plan.hashes = PyObject_GetAttr(request, attrs->block_hashes);
+          if (plan.hashes == nullptr) {
+            failed = true;
+            break;
+          }
+          const int64_t end = std::min<int64_t>(plan.num_full, num_after);
+          if (!PyList_Check(plan.hashes) || end > PyList_Size(plan.hashes)) {
+            break;
+          }
+          bool ready = true;
+          for (int64_t j = plan.num_cached; ready && j < end; ++j) {
+            ready = PyBytes_Check(PyList_GetItem(plan.hashes, j));
+            if (!ready || j >= plan.num_blocks) continue;  // new: clean
+            PyObject* v = PyList_GetItem(plan.blocks, j);
+            ready = is_view(v) && (st.is_null[as_block(v)->id] ||
+                                   st.hash[as_block(v)->id] == nullptr);
+          }
+          if (!ready) break;  // a promotion, or not the engine's blocks
+          plan.num_full = end;
+        }
+      }
+      // Checked: now the step, in the order the Python loop takes it.
+      if (plan.grow) {
+        const uint32_t next = plan.last + 1;
+        PyObject* view = view_of(o, next);
+        PyObject* list = view == nullptr ? nullptr : PyList_New(1);
+        PyObject* tuple = nullptr;
+        PyObject* made = nullptr;
+        if (list != nullptr) {
+          PyList_SetItem(list, 0, Py_NewRef(view));  // steals the new ref
+          tuple = PyTuple_Pack(1, list);
+        }
+        if (tuple != nullptr) {
+          made = PyObject_CallFunctionObjArgs(make_new, tuple, nullptr);
+        }
+        PyObject* last_key = PyLong_FromUnsignedLong(plan.last);
+        PyObject* next_key = PyLong_FromUnsignedLong(next);
+        bool ok = made != nullptr && last_key != nullptr && next_key != nullptr;
+        if (ok) {
+          st.ref_cnt[next] = 1;
+          ++taken;
+          ok = PyList_Append(plan.blocks, view) == 0 &&
+               PyDict_DelItem(headroom, last_key) == 0 &&
+               (plan.held < 2 ||
+                dict_set_i64(headroom, next_key, plan.held - 1)) &&
+               (new_block_ids == Py_None ||
+                PyList_Append(new_block_ids, next_key) == 0) &&
+               PyDict_SetItem(new_blocks, rid, made) == 0;
+        }
+        Py_XDECREF(view);
+        Py_XDECREF(list);
+        Py_XDECREF(tuple);
+        Py_XDECREF(made);
+        Py_XDECREF(last_key);
+        Py_XDECREF(next_key);
+        if (!ok) {
+          failed = true;
+          break;
+        }
+      }
+      if (plan.hashes != nullptr) {
+        for (int64_t j = plan.num_cached; j < plan.num_full; ++j) {
+          PyObject* v = PyList_GetItem(plan.blocks, j);
+          if (st.is_null[as_block(v)->id]) continue;
+          if (!cache_block(o, entries, PyList_GetItem(plan.hashes, j), suffix,
+                           v, j, block_size, name)) {
+            failed = true;
+            break;
+          }
+        }
+        if (failed || !dict_set_i64(num_cached_block, rid, plan.num_full)) {
+          failed = true;
+          break;
+        }
+        plan.num_cached = plan.num_full;
+      }
+      // _note_held_slots, and the promise of the step after this one.
+      int64_t slots = static_cast<int64_t>(num_after) * block_size;
+      const int64_t held_to =
+          caching ? std::min(slots, (plan.num_cached + 1) * block_size - 1)
+                  : slots;
+      PyObject* tail =
+          PyLong_FromUnsignedLong(plan.grow ? plan.last + 1 : plan.last);
+      int64_t room = 0;
+      if (tail == nullptr || !dict_i64(headroom, tail, 0, name, &room)) {
+        Py_XDECREF(tail);
+        failed = true;
+        break;
+      }
+      Py_DECREF(tail);
+      if (room > 0) slots += block_size;
+      if (!dict_set_i64(held_slots, rid, held_to) ||
+          !dict_set_i64(batched_slots, rid, slots)) {
+        failed = true;
+        break;
+      }
+      done = true;
+    } while (false);
+    Py_XDECREF(plan.hashes);
+    Py_DECREF(rid);
+    if (failed) return nullptr;
+    if (!done) break;
+  }
+  PyObject* out_k = PyLong_FromSsize_t(k);
+  PyObject* out_taken = PyLong_FromLongLong(taken);
+  PyObject* out = out_k == nullptr || out_taken == nullptr
+                      ? nullptr
+                      : PyTuple_Pack(2, out_k, out_taken);
+  Py_XDECREF(out_k);
+  Py_XDECREF(out_taken);
+  return out;
+}
+
 PyMethodDef Blocks_methods[] = {
     {"hand_out", fast(Blocks_hand_out), METH_FASTCALL,
      "hand_out(start, length, /) -> list[Block]\n--\n\nBlocks [start, "
@@ -1461,6 +1794,25 @@ PyMethodDef Blocks_methods[] = {
      "it under that key (the block, or {block_id: block} for several). "
      "Stops at the first block that already has a key and returns its index, "
      "else end. TypeError or ValueError, nothing changed, on bad arguments."},
+    {"allocate_batched", fast(Blocks_allocate_batched), METH_FASTCALL,
+     "allocate_batched(steps, start, req_to_blocks, headroom, "
+     "num_cached_block, held_slots, batched_slots, new_block_ids, "
+     "new_blocks, make_new, entries, suffix, block_size, max_model_len, /) "
+     "-> tuple[int, int]\n--\n\nThe tagma manager's promised decoding "
+     "steps (KVCacheManager.allocate_batched) from steps[start] on, each a "
+     "(request, num_new_tokens) tuple, taken in order: a step that needs a "
+     "new block gets block last + 1 from the headroom dict {last block id: "
+     "count} (ref_cnt 1, appended to req_to_blocks[request_id], its id to "
+     "new_block_ids unless None, new_blocks[request_id] = make_new(([view],)"
+     ")); with num_cached_block a dict, the blocks it completes are "
+     "prefix-cached as cache_full does (entries and suffix) and "
+     "num_cached_block updated; held_slots and batched_slots get the "
+     "request's next promises. Stops at the first step it cannot take as "
+     "promised (more than one new block, no headroom, a block that already "
+     "has a key, blocks or hashes not this pool's, or, with entries None, a "
+     "block to cache), that step untouched, and returns (its index, blocks "
+     "taken from the headroom); the caller's own path takes it. TypeError "
+     "or ValueError, nothing changed, on bad arguments."},
     {"release", fast(Blocks_release), METH_FASTCALL,
      "release(blocks, watch, /) -> tuple[list[int], list[Block], list[int], "
      "list]\n--\n\nDrops one reference of each block in the iterable "

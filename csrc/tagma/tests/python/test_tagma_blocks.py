@@ -459,3 +459,252 @@ def test_release_does_not_leak():
     gc.collect()
     after = sys.getrefcount(T.Block)  # outside the assert: it holds its terms
     assert after == refs
+
+
+class Req:
+    """The request fields Blocks.allocate_batched reads (vLLM's Request)."""
+
+    def __init__(self, request_id, num_computed_tokens, num_tokens, hashes=()):
+        self.request_id = request_id
+        self.num_computed_tokens = num_computed_tokens
+        self.num_tokens = num_tokens
+        self.block_hashes = list(hashes)
+
+
+class Made:
+    """Stands in for KVCacheBlocks: records what it was made with."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+
+def batched_books(b, owned):
+    """The dicts allocate_batched reads and writes, for requests owning the
+    given block-id runs (handed out): request id -> its views."""
+    req_to_blocks = {}
+    for rid, (start, length) in owned.items():
+        req_to_blocks[rid] = b.hand_out(start, length)
+    return {
+        "req_to_blocks": req_to_blocks,
+        "headroom": {},
+        "num_cached_block": {},
+        "held_slots": {},
+        "batched_slots": {},
+        "new_block_ids": [],
+        "new_blocks": {},
+        "entries": {},
+    }
+
+
+def call_batched(b, steps, books, start=0, *, caching=True, engine_caches=True):
+    return b.allocate_batched(
+        steps,
+        start,
+        books["req_to_blocks"],
+        books["headroom"],
+        books["num_cached_block"] if caching else None,
+        books["held_slots"],
+        books["batched_slots"],
+        books["new_block_ids"],
+        books["new_blocks"],
+        Made,
+        books["entries"] if engine_caches else None,
+        SUFFIX,
+        4,  # block size
+        1000,  # max_model_len
+    )
+
+
+def test_allocate_batched_grows_into_the_headroom_and_caches():
+    b = T.Blocks(20)
+    books = batched_books(b, {"a": (1, 2), "c": (10, 1)})
+    books["headroom"].update({2: 3, 10: 1})
+    books["num_cached_block"].update({"a": 1, "c": 0})
+    # a: 8 tokens known, computing the 9th: block 2 completes (cached), and
+    # the step needs block 3, held by the headroom after block 2.
+    a = Req("a", 8, 9, [b"h0", b"h1", b"h2"])
+    # c: computing its 4th token completes block 10; no new block.
+    c = Req("c", 3, 4, [b"k0"])
+    steps = [(a, 1), (c, 1)]
+    assert call_batched(b, steps, books) == (2, 1)
+    assert [v.block_id for v in books["req_to_blocks"]["a"]] == [1, 2, 3]
+    assert b[3].ref_cnt == 1
+    assert books["headroom"] == {3: 2, 10: 1}
+    assert books["new_block_ids"] == [3]
+    made = books["new_blocks"]["a"]
+    assert isinstance(made, Made) and made.blocks == ([b[3]],)
+    assert list(books["new_blocks"]) == ["a"]
+    # Cached: a's second block, c's first; counts as cache_full leaves them.
+    assert books["entries"] == {b"h1" + SUFFIX: b[2], b"k0" + SUFFIX: b[10]}
+    assert b[2].block_hash_num_tokens == 8 and b[10].block_hash_num_tokens == 4
+    assert books["num_cached_block"] == {"a": 2, "c": 1}
+    # Held: up to the token before the next block completes; promised: the
+    # blocks, plus the next one where headroom holds it.
+    assert books["held_slots"] == {"a": 11, "c": 4}
+    assert books["batched_slots"] == {"a": 16, "c": 8}
+
+
+def test_allocate_batched_without_caching_holds_every_slot():
+    b = T.Blocks(10)
+    books = batched_books(b, {"a": (1, 1)})
+    books["headroom"][1] = 1
+    a = Req("a", 4, 5, [b"h0"])
+    assert call_batched(b, [(a, 1)], books, caching=False) == (1, 1)
+    assert books["held_slots"] == {"a": 8} and books["batched_slots"] == {"a": 8}
+    assert books["entries"] == {} and books["headroom"] == {}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no headroom",
+        "next not clean",
+        "two blocks",
+        "keyed block",
+        "no blocks",
+        "short hashes",
+        "foreign block",
+        "not a tuple",
+        "engine does not cache",
+    ],
+)
+def test_allocate_batched_stops_at_a_step_it_cannot_take(case):
+    b = T.Blocks(12)
+    other = T.Blocks(12)
+    books = batched_books(b, {"ok": (8, 1), "x": (1, 2)})
+    books["headroom"].update({8: 2, 2: 2})
+    books["num_cached_block"].update({"ok": 0, "x": 1})
+    ok = Req("ok", 1, 2, [])
+    # x computes its 9th token: caches block 2, grows into block 3.
+    x = Req("x", 8, 9, [b"h0", b"h1"])
+    step = (x, 1)
+    engine_caches = True
+    if case == "no headroom":
+        del books["headroom"][2]
+    elif case == "next not clean":
+        b[3].set_block_hash(b"other")
+    elif case == "two blocks":
+        step = (x, 5)
+    elif case == "keyed block":
+        b[2].set_block_hash(b"old", 8)
+    elif case == "no blocks":
+        books["req_to_blocks"]["x"] = []
+    elif case == "short hashes":
+        x.block_hashes = [b"h0"]
+    elif case == "foreign block":
+        books["req_to_blocks"]["x"][1] = other[2]
+    elif case == "not a tuple":
+        step = [x, 1]
+    else:
+        engine_caches = False
+    snapshot = {
+        k: (dict(v) if isinstance(v, dict) else list(v)) for k, v in books.items()
+    }
+    snapshot["req_to_blocks"] = {k: list(v) for k, v in books["req_to_blocks"].items()}
+    refs = [v.ref_cnt for v in b]
+    keys = [v.block_hash for v in b]
+    # The step before it is taken; x is left as it was, and the call says
+    # where it stopped; from after x, the engine goes on.
+    assert call_batched(
+        b, [(ok, 1), step, (ok, 1)], books, engine_caches=engine_caches
+    ) == (1, 0)
+    assert books["held_slots"] == {"ok": 3}
+    for key in (
+        "headroom",
+        "num_cached_block",
+        "new_block_ids",
+        "new_blocks",
+        "entries",
+    ):
+        assert books[key] == snapshot[key], key
+    assert {k: list(v) for k, v in books["req_to_blocks"].items()} == (
+        snapshot["req_to_blocks"]
+    )
+    assert [v.ref_cnt for v in b] == refs and [v.block_hash for v in b] == keys
+    assert call_batched(b, [(ok, 1), step, (ok, 1)], books, 2) == (3, 0)
+
+
+@pytest.mark.parametrize(
+    "index, value, error, match",
+    [
+        (0, {}, TypeError, "steps a list"),
+        (2, [], TypeError, "req_to_blocks"),
+        (4, [], TypeError, "num_cached_block a dict or None"),
+        (7, {}, TypeError, "new_block_ids a list or None"),
+        (9, 5, TypeError, "make_new callable"),
+        (10, [], TypeError, "entries a dict or None"),
+        (11, "s", TypeError, "suffix bytes"),
+        (1, 5, ValueError, r"start=5.*1 steps"),
+        (1, -1, ValueError, "start=-1"),
+        (12, 0, ValueError, "block_size and max_model_len >= 1"),
+        (13, "x", TypeError, "max_model_len must be an int"),
+    ],
+)
+def test_allocate_batched_errors_change_nothing(index, value, error, match):
+    b = T.Blocks(10)
+    books = batched_books(b, {"a": (1, 1)})
+    books["headroom"][1] = 1
+    args = [
+        [(Req("a", 4, 5, [b"h0"]), 1)], 0, books["req_to_blocks"],
+        books["headroom"], books["num_cached_block"], books["held_slots"],
+        books["batched_slots"], books["new_block_ids"], books["new_blocks"],
+        Made, books["entries"], SUFFIX, 4, 1000,
+    ]  # fmt: skip
+    args[index] = value
+    with pytest.raises(error, match=match):
+        b.allocate_batched(*args)
+    assert books["headroom"] == {1: 1} and books["held_slots"] == {}
+    assert [v.block_id for v in books["req_to_blocks"]["a"]] == [1]
+    assert [v.ref_cnt for v in b] == [0, 1] + [0] * 8
+    with pytest.raises(TypeError, match="takes 14 positional arguments"):
+        b.allocate_batched(*args[:13])
+
+
+def test_allocate_batched_passes_a_request_error_on():
+    class Broken:
+        request_id = "a"
+        num_computed_tokens = 4
+        block_hashes = [b"h0"]
+
+        @property
+        def num_tokens(self):
+            raise KeyError("num_tokens")
+
+    b = T.Blocks(10)
+    books = batched_books(b, {"a": (1, 1)})
+    books["headroom"][1] = 1
+    with pytest.raises(KeyError, match="num_tokens"):
+        call_batched(b, [(Broken(), 1)], books)
+    assert books["headroom"] == {1: 1} and b[2].ref_cnt == 0
+
+
+def test_allocate_batched_does_not_leak():
+    hashes = [bytes([i]) * 32 for i in range(8)]
+    rid = "req-leak"
+
+    def loop(n):
+        for _ in range(n):
+            b = T.Blocks(40)
+            books = batched_books(b, {rid: (1, 1)})
+            books["headroom"][1] = 20
+            for t in range(4, 4 * 8, 4):
+                # The step completing a block, then the one crossing it.
+                req = Req(rid, t - 1, t, hashes)
+                call_batched(b, [(req, 1)], books)
+                req = Req(rid, t, t + 1, hashes)
+                call_batched(b, [(req, 1)], books)
+            del b, books
+
+    loop(20)
+    gc.collect()
+    refs = [sys.getrefcount(h) for h in hashes] + [
+        sys.getrefcount(SUFFIX), sys.getrefcount(rid), sys.getrefcount(Made),
+        sys.getrefcount(T.Block),
+    ]  # fmt: skip
+    loop(200)
+    gc.collect()
+    after = [sys.getrefcount(h) for h in hashes] + [
+        sys.getrefcount(SUFFIX), sys.getrefcount(rid), sys.getrefcount(Made),
+        sys.getrefcount(T.Block),
+    ]  # fmt: skip
+    assert after == refs
