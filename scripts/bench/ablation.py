@@ -22,6 +22,10 @@ no switch for them:
   so the scheduler calls `allocate_slots` for every block-completing and
   block-crossing decode step, as before that patch, instead of one
   `allocate_batched` call a step.
+- `PythonStepsKVCacheManager`: tagma taking its promised steps in Python,
+  one request at a time (the manager's path for a step the engine leaves),
+  instead of the engine's one call (`Blocks.allocate_batched`): what that
+  call contributes.
 - `PyRunsKVCacheManager`: tagma on the pure-Python free-run index
   (`vllm.tagma.free_runs`, the fallback where the extension cannot load)
   instead of the C++ one: what the C++ engine contributes.
@@ -95,6 +99,12 @@ class UnbatchedKVCacheManager(TagmaKVCacheManager):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._batching = False
+
+
+class PythonStepsKVCacheManager(TagmaKVCacheManager):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._engine_steps = None
 
 
 class PyRunsBlockPool(TagmaBlockPool):

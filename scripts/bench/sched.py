@@ -76,6 +76,7 @@ VARIANTS = {
     "paged-call-every-step": ("paged", "ablation.CallEveryStepKVCacheManager"),
     "tagma-call-every-step": ("paged", "ablation.TagmaCallEveryStepKVCacheManager"),
     "tagma-unbatched": ("paged", "ablation.UnbatchedKVCacheManager"),
+    "tagma-pysteps": ("paged", "ablation.PythonStepsKVCacheManager"),
     "tagma-pyruns": ("paged", "ablation.PyRunsKVCacheManager"),
     "tagma-both-books": ("paged", "ablation.BothBooksKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
