@@ -1207,10 +1207,15 @@ PyObject* Blocks_hand_out(PyObject* self, PyObject* const* args,
 
 // The view of `item` if it is one of this Blocks object's views, else
 // nullptr with TypeError naming the argument and the index.
+// Whether `item` is one of this Blocks object's views.
+bool is_view_of(BlocksObject* o, PyObject* item) {
+  return Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(o->block_type) &&
+         as_block(item)->state == o->state;
+}
+
 BlockObject* own_view(BlocksObject* o, PyObject* item, const char* name,
                       Py_ssize_t i) {
-  if (Py_TYPE(item) != reinterpret_cast<PyTypeObject*>(o->block_type) ||
-      as_block(item)->state != o->state) {
+  if (!is_view_of(o, item)) {
     PyErr_Format(PyExc_TypeError,
                  "%s: blocks[%zd] is %R, not a Block of this pool", name, i,
                  reinterpret_cast<PyObject*>(Py_TYPE(item)));
@@ -1397,8 +1402,7 @@ PyObject* Blocks_release(PyObject* self, PyObject* const* args,
     RawVector<uint32_t> ids;
     bool failed = false;
     while (PyObject* item = PyIter_Next(it)) {
-      if (Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(o->block_type) &&
-          as_block(item)->state == o->state) {
+      if (is_view_of(o, item)) {
         if (!st.is_null[as_block(item)->id]) ids.push_back(as_block(item)->id);
       } else if (PyList_Append(others, item) != 0) {
         failed = true;
@@ -1593,10 +1597,6 @@ PyObject* Blocks_allocate_batched(PyObject* self, PyObject* const* args,
   if (attrs == nullptr) return nullptr;
   BlocksObject* o = as_blocks(self);
   BlockState& st = *o->state;
-  const auto is_view = [&](PyObject* item) {
-    return Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(o->block_type) &&
-           as_block(item)->state == o->state;
-  };
   int64_t taken = 0;
   Py_ssize_t k = start;
   for (; k < num_steps; ++k) {
@@ -1628,7 +1628,7 @@ PyObject* Blocks_allocate_batched(PyObject* self, PyObject* const* args,
       plan.num_blocks = PyList_Size(plan.blocks);
       if (plan.num_blocks == 0) break;
       PyObject* last = PyList_GetItem(plan.blocks, plan.num_blocks - 1);
-      if (!is_view(last)) break;
+      if (!is_view_of(o, last)) break;
       plan.last = as_block(last)->id;
       const int64_t num_tokens = num_computed + num_new;
       const int64_t want =
@@ -1681,8 +1681,8 @@ PyObject* Blocks_allocate_batched(PyObject* self, PyObject* const* args,
             ready = PyBytes_Check(PyList_GetItem(plan.hashes, j));
             if (!ready || j >= plan.num_blocks) continue;  // new: clean
             PyObject* v = PyList_GetItem(plan.blocks, j);
-            ready = is_view(v) && (st.is_null[as_block(v)->id] ||
-                                   st.hash[as_block(v)->id] == nullptr);
+            ready = is_view_of(o, v) && (st.is_null[as_block(v)->id] ||
+                                         st.hash[as_block(v)->id] == nullptr);
           }
           if (!ready) break;  // a promotion, or not the engine's blocks
           plan.num_full = end;
