@@ -16,6 +16,14 @@ flags, GPU. A lower-case letter in --order (aABBA) adds a warm-up run that
 the report leaves out: the first server on a fresh host runs slower. With
 several GPUs, suites that fit run side by side, one GPU each.
 
+`--resident` starts each backend's server once per suite instead, both side by
+side on the suite's GPU(s) at RESIDENT_GPU_SHARE of the memory each (gate at
+start), and the runs of --order take turns between them: no start between
+runs, so a session fits more pairs (aABBABAAB), and the two backends' runs are
+seconds apart on the same host. The idle server holds memory, not the GPU or
+the host; a run's folder gets its slice of its server's scheduler trace, so the
+report reads it as any other (server.log and gate.json are in server-<backend>/).
+
 Per run: server.log, <workload>.json (vllm bench serve's result + what this
 script measured), gate.json, profile.json, sched-*.tsv (scheduler-thread
 timing, scripts/gpu/hook). Then report.py writes report.md and plots;
@@ -678,6 +686,127 @@ def _copy_marking(proc: subprocess.Popen, out, marks: dict[str, float]) -> None:
         out.flush()
 
 
+@dataclass
+class Started:
+    """A server that passed the gate, and what its start measured."""
+
+    server: Server
+    dir: Path  # server.log, server.cmd, gate.json, scheduler and profiler traces
+    ready_s: float
+    capacity: dict
+    gate: bool | None  # equal to the suite's first server's ids (None: first)
+
+
+def start_server(
+    suite: Suite,
+    backend: str,
+    env: dict[str, str],
+    paths: dict,
+    server_dir: Path,
+    port: int,
+    reference: dict,
+    tag: str,
+    extra_args: tuple[str, ...] = (),
+) -> Started:
+    """Start `vllm serve` for `backend` in server_dir, wait for it and run the
+    correctness gate; the server is stopped again if either fails."""
+    model_dir = paths["data"] / "models" / suite.model
+    env = {**env, "TAGMA_SCHED_TRACE": str(server_dir)}
+    log(f"{tag}: starting the server")
+    cmd = serve_cmd(suite, backend, port, model_dir, server_dir) + list(extra_args)
+    server = Server(cmd, env, port, server_dir)
+    try:
+        ready = server.wait_ready(900)
+        cap = capacity(server.log)
+        log(f"{tag}: ready in {ready:.0f} s, {cap}")
+        ids = run_gate(server, model_dir, suite)
+        equal = ids == reference["ids"] if "ids" in reference else None
+        if equal is None:
+            reference.update(ids=ids, backend=backend)
+        gate: dict[str, Any] = {"token_ids": ids}
+        if equal is not None:
+            gate["equal_to_run1"] = equal
+        (server_dir / "gate.json").write_text(json.dumps(gate))
+        if equal is False:
+            raise BenchError(
+                f"correctness gate failed: greedy token ids under {backend} "
+                f"differ from run 1 ({reference['backend']}); "
+                f"see {server_dir / 'gate.json'}"
+            )
+    except BaseException:
+        server.stop()
+        raise
+    return Started(server, server_dir, ready, cap, equal)
+
+
+def measure(
+    suite: Suite,
+    index: int,
+    backend: str,
+    started: Started,
+    env: dict[str, str],
+    paths: dict,
+    run_dir: Path,
+    tag: str,
+    warmup: bool,
+    profile: bool,
+) -> dict:
+    """One run's workloads (and profiler window) against a started server;
+    returns run.json's content but for the scheduler numbers."""
+    model_dir = paths["data"] / "models" / suite.model
+    server = started.server
+    results = []
+    for wl in suite.workloads:
+        r = run_bench(wl, server, env, model_dir, paths["data"], run_dir, False)
+        b = r["bench"]
+        log(
+            f"{tag} {wl.name}: "
+            f"{b.get('total_token_throughput', 0):.0f} tok/s, "
+            f"TTFT p99 {b.get('p99_ttft_ms', 0):.0f} ms, "
+            f"TPOT p99 {b.get('p99_tpot_ms', 0):.1f} ms, "
+            f"peak KV {r['peak_kv_usage']:.2f}, preemptions {r['preemptions']}"
+        )
+        results.append(r)
+    prof = None
+    if suite.profile is not None and profile:
+        log(f"{tag}: profiler window")
+        run_bench(suite.profile, server, env, model_dir, paths["data"], run_dir, True)
+        prof = profile_trace.summarize_dir(started.dir / "trace", wait_s=60)
+        (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
+        log(f"{tag}: profile {profile_trace.brief(prof)}")
+    return {
+        "suite": suite.name,
+        "run": index + 1,
+        "warmup": warmup,
+        "backend": backend,
+        "startup_s": started.ready_s,
+        "capacity": started.capacity,
+        "gate": started.gate,
+        "results": results,
+        "profile": prof,
+    }
+
+
+def write_run(run_dir: Path, summary: dict) -> None:
+    # run.json carries the scheduler numbers too, so a report can be rebuilt
+    # from run.json files alone (the traces are left behind on the host).
+    trace = report.read_trace(run_dir)
+    for r in summary["results"]:
+        r["sched"] = report.sched_stats(trace, r)
+    (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
+
+
+def _run_dir(out: Path, suite: Suite, index: int, backend: str) -> Path:
+    run_dir = out / suite.name / f"run{index + 1}-{backend}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def _tag(suite: Suite, index: int, backend: str, warmup: bool) -> str:
+    return f"{suite.name} run {index + 1} ({backend}{', warm-up' if warmup else ''})"
+
+
 def run_one(
     suite: Suite,
     index: int,
@@ -690,79 +819,102 @@ def run_one(
     warmup: bool = False,
     profile: bool = False,
 ) -> None:
-    run_dir = out / suite.name / f"run{index + 1}-{backend}"
-    tag = f"{suite.name} run {index + 1} ({backend}{', warm-up' if warmup else ''})"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    model_dir = paths["data"] / "models" / suite.model
-    env = {**env, "TAGMA_SCHED_TRACE": str(run_dir)}
-    log(f"{tag}: starting the server")
-    server = Server(
-        serve_cmd(suite, backend, port, model_dir, run_dir), env, port, run_dir
-    )
+    """One run on a server of its own, started and stopped in run_dir."""
+    run_dir = _run_dir(out, suite, index, backend)
+    tag = _tag(suite, index, backend, warmup)
+    started = start_server(suite, backend, env, paths, run_dir, port, reference, tag)
     try:
-        ready = server.wait_ready(900)
-        cap = capacity(server.log)
-        log(f"{tag}: ready in {ready:.0f} s, {cap}")
-        ids = run_gate(server, model_dir, suite)
-        gate = {"token_ids": ids}
-        if "ids" in reference:
-            gate["equal_to_run1"] = ids == reference["ids"]
-        else:
-            reference.update(ids=ids, backend=backend)
-        (run_dir / "gate.json").write_text(json.dumps(gate))
-        if gate.get("equal_to_run1") is False:
-            raise BenchError(
-                f"correctness gate failed: greedy token ids under {backend} "
-                f"differ from run 1 ({reference['backend']}); "
-                f"see {run_dir / 'gate.json'}"
-            )
-        results = []
-        for wl in suite.workloads:
-            r = run_bench(wl, server, env, model_dir, paths["data"], run_dir, False)
-            b = r["bench"]
-            log(
-                f"{tag} {wl.name}: "
-                f"{b.get('total_token_throughput', 0):.0f} tok/s, "
-                f"TTFT p99 {b.get('p99_ttft_ms', 0):.0f} ms, "
-                f"TPOT p99 {b.get('p99_tpot_ms', 0):.1f} ms, "
-                f"peak KV {r['peak_kv_usage']:.2f}, preemptions {r['preemptions']}"
-            )
-            results.append(r)
-        prof = None
-        if suite.profile is not None and profile:
-            log(f"{tag}: profiler window")
-            run_bench(
-                suite.profile,
-                server,
-                env,
-                model_dir,
-                paths["data"],
-                run_dir,
-                True,
-            )
-            prof = profile_trace.summarize_dir(run_dir / "trace", wait_s=60)
-            (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
-            log(f"{tag}: profile {profile_trace.brief(prof)}")
+        summary = measure(
+            suite, index, backend, started, env, paths, run_dir, tag, warmup, profile
+        )
     finally:
-        server.stop()
-    # run.json carries the scheduler numbers too, so a report can be rebuilt
-    # from run.json files alone (the traces are left behind on the host).
-    trace = report.read_trace(run_dir)
-    for r in results:
-        r["sched"] = report.sched_stats(trace, r)
-    summary = {
-        "suite": suite.name,
-        "run": index + 1,
-        "warmup": warmup,
-        "backend": backend,
-        "startup_s": ready,
-        "capacity": cap,
-        "gate": gate.get("equal_to_run1"),
-        "results": results,
-        "profile": prof,
-    }
-    (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
+        started.server.stop()
+    write_run(run_dir, summary)
+
+
+# --resident: each backend's server takes this share of the GPU's memory, so
+# both fit beside each other with room for the CUDA contexts.
+RESIDENT_GPU_SHARE = 0.44
+# How long a resident server gets to write the trace rows of a run's last
+# steps (the hook flushes once the scheduler is idle).
+TRACE_SETTLE_S = 2.0
+
+
+def slice_traces(server_dir: Path, run_dir: Path, t0: float, t1: float) -> None:
+    """Copy the scheduler-trace rows a resident server wrote in [t0, t1]
+    (seconds) into run_dir, one file per engine process as the hook names
+    them, so a run's folder reads as one with a server of its own."""
+    lo, hi = int(t0 * 1e9), int(t1 * 1e9)
+    for tsv in report.trace_files(server_dir):
+        rows = []
+        for line in report.trace_lines(tsv):
+            f = line.split("\t")
+            if len(f) >= 2 and f[1].isdigit() and lo <= int(f[1]) <= hi:
+                rows.append(line)
+        (run_dir / tsv.name).write_text("".join(f"{line}\n" for line in rows))
+
+
+def run_resident(
+    suite: Suite,
+    order: str,
+    env: dict[str, str],
+    paths: dict,
+    out: Path,
+    errors: list[str],
+    deadline: float,
+) -> None:
+    """`--resident`: one server per backend, both up for the whole suite on the
+    same GPU(s), each at RESIDENT_GPU_SHARE of the memory; the runs take turns
+    in `order`, the idle server holding memory only. A switch between backends
+    costs no start, so a session fits more pairs, and neighbouring runs of the
+    two backends are seconds apart on the same host."""
+    backends = list(dict.fromkeys(BACKENDS[x.upper()] for x in order))
+    reference: dict = {}
+    servers: dict[str, Started] = {}
+    profiled: set[str] = set()
+    try:
+        for backend, port in zip(backends, free_ports(len(backends)), strict=True):
+            server_dir = out / suite.name / f"server-{backend}"
+            shutil.rmtree(server_dir, ignore_errors=True)
+            server_dir.mkdir(parents=True)
+            servers[backend] = start_server(
+                suite,
+                backend,
+                env,
+                paths,
+                server_dir,
+                port,
+                reference,
+                f"{suite.name} {backend} server",
+                ("--gpu-memory-utilization", str(RESIDENT_GPU_SHARE)),
+            )
+        for i, letter in enumerate(order):
+            if time.monotonic() > deadline:
+                raise BenchError(f"time budget spent before run {i + 1} (--budget-s)")
+            warmup = letter.islower()
+            backend = BACKENDS[letter.upper()]
+            profile = not warmup and backend not in profiled
+            started = servers[backend]
+            for other in servers.values():
+                other.server.check_alive(f"run {i + 1}")
+            run_dir = _run_dir(out, suite, i, backend)
+            tag = _tag(suite, i, backend, warmup)
+            summary = measure(
+                suite, i, backend, started, env, paths, run_dir, tag, warmup, profile
+            )
+            summary["server"] = started.dir.name
+            time.sleep(TRACE_SETTLE_S)
+            windows = [r["window"] for r in summary["results"]]
+            slice_traces(started.dir, run_dir, windows[0][0], windows[-1][1])
+            write_run(run_dir, summary)
+            if profile:
+                profiled.add(backend)
+    except BenchError as e:
+        errors.append(f"{suite.name}: {e}")
+        log(f"STOP {suite.name}: {e}")
+    finally:
+        for started in servers.values():
+            started.server.stop()
 
 
 def run_suite(
@@ -872,6 +1024,12 @@ def main() -> int:
         default=0,
         help="start no run after this many seconds (0: no limit)",
     )
+    parser.add_argument(
+        "--resident",
+        action="store_true",
+        help="one server per backend for the whole suite, side by side on its "
+        f"GPU(s) at {RESIDENT_GPU_SHARE} of the memory each; runs take turns",
+    )
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
 
@@ -922,6 +1080,7 @@ def main() -> int:
     errors: list[str] = []
     meta = {
         "order": args.order,
+        "resident": args.resident,
         "gpus": shown,
         "skipped": skipped,
         "stack": (paths["site"] / "TAGMA_STACK").read_text().split(),
@@ -938,19 +1097,13 @@ def main() -> int:
                 # One compile cache a suite: runs 2-4 reuse run 1's.
                 "VLLM_CACHE_ROOT": str(Path(args.dest) / "vllm-cache" / suite.name),
             }
-            log(f"suite {suite.name} on GPU {devs}, order {args.order}")
+            mode = ", both servers resident" if args.resident else ""
+            log(f"suite {suite.name} on GPU {devs}, order {args.order}{mode}")
             t = threading.Thread(
-                target=run_suite,
-                args=(
-                    suite,
-                    args.order,
-                    env,
-                    paths,
-                    out,
-                    port,
-                    errors,
-                    deadline,
-                ),
+                target=run_resident if args.resident else run_suite,
+                args=(suite, args.order, env, paths, out)
+                + (() if args.resident else (port,))
+                + (errors, deadline),
             )
             t.start()
             threads.append(t)

@@ -78,8 +78,9 @@ def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_pat
         }
         assert [w["workload"] for w in summary["results"]] == ["host-512", "host-1024"]
         assert summary["results"][0]["peak_kv_usage"] == pytest.approx(0.42)
-        # Stored so a report can be rebuilt without the traces (none here).
-        assert all(r["sched"] == {} for r in summary["results"])
+        # Stored so a report can be rebuilt without the traces (the fake
+        # server's: a step a /metrics poll).
+        assert all(r["sched"]["steps"] > 0 for r in summary["results"])
         # The main run starts after the bench's warm-up, inside its window.
         for r in summary["results"]:
             start, end = r["main_window"]
@@ -127,6 +128,68 @@ def test_warmup_run_is_the_gate_reference_but_left_out_of_the_report(
         fake_bundle, out, tmp_path / "dest", gpu_path, "--order", "AXB", "--no-report"
     )
     assert r.returncode == 1 and "--order takes A (paged) and B (tagma)" in r.stderr
+
+
+def test_resident_servers_start_once_and_take_turns(fake_bundle, gpu_path, tmp_path):
+    r, out = _bench_1b(
+        fake_bundle, gpu_path, tmp_path, "--resident", "--order", "aABBA"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    suite = out / "1b-host"
+    assert sorted(p.name for p in suite.iterdir()) == [
+        "run1-paged",
+        "run2-paged",
+        "run3-tagma",
+        "run4-tagma",
+        "run5-paged",
+        "server-paged",
+        "server-tagma",
+    ]
+    # One start a backend, each at its share of the GPU, the gate at start.
+    assert r.stdout.count("starting the server") == 2
+    for backend in ("paged", "tagma"):
+        cmd = (suite / f"server-{backend}" / "server.cmd").read_text()
+        assert f"--kv-cache-backend {backend}" in cmd
+        assert cmd.split()[-2:] == ["--gpu-memory-utilization", "0.44"]
+    gate = json.loads((suite / "server-tagma/gate.json").read_text())
+    assert gate["equal_to_run1"] is True
+    runs = {
+        p.name: json.loads((p / "run.json").read_text()) for p in suite.glob("run*")
+    }
+    assert [runs[k]["warmup"] for k in sorted(runs)] == [True] + [False] * 4
+    assert {k: v["server"] for k, v in runs.items()} == {
+        k: f"server-{k.split('-')[1]}" for k in runs
+    }
+    # Each run's folder holds the trace rows of its own window only, one
+    # row a stream of its workloads (the fake server's hook).
+    for name, run in runs.items():
+        (tsv,) = (suite / name).glob("sched-*.tsv")
+        stamps = [int(line.split("\t")[1]) for line in tsv.read_text().splitlines()]
+        lo, hi = run["results"][0]["window"][0], run["results"][-1]["window"][1]
+        assert stamps and all(lo * 1e9 <= t <= hi * 1e9 for t in stamps)
+        assert run["results"][0]["sched"]["steps"] > 0
+    # The profiler window: the first measured run of each backend.
+    assert runs["run2-paged"]["profile"] and runs["run3-tagma"]["profile"]
+    assert runs["run5-paged"]["profile"] is None
+    assert (
+        "Runs: paged [2, 5], tagma [3, 4], warm-up (left out) [1]."
+        in (out / "report.md").read_text()
+    )
+    assert json.loads((out / "meta.json").read_text())["resident"] is True
+
+
+def test_resident_gate_mismatch_stops_before_any_run(fake_bundle, gpu_path, tmp_path):
+    r, out = _bench_1b(
+        fake_bundle,
+        gpu_path,
+        tmp_path,
+        "--resident",
+        env={"FAKE_VLLM_TAGMA_DIFFERS": "1"},
+    )
+    assert r.returncode == 1 and "correctness gate failed" in r.stderr
+    assert not list((out / "1b-host").glob("run*"))
+    # Both servers are stopped: nothing still answers on their ports.
+    assert "STOP 1b-host" in r.stdout
 
 
 def test_dead_server_stops_the_suite_with_its_log(fake_bundle, gpu_path, tmp_path):

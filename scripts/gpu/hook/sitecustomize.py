@@ -111,7 +111,9 @@ class _Trace:
         self.kv_by_name.clear()
         if self.steps % RUNS_EVERY == 0:
             self.sample_runs(sched)
-        if self.steps % FLUSH_EVERY == 0:
+        # And once idle: a server that outlives the run (bench_serve.py
+        # --resident) is read before it exits.
+        if self.steps % FLUSH_EVERY == 0 or not (sched.running or sched.waiting):
             self.out.flush()
 
     def sample_runs(self, sched: Any) -> None:

@@ -38,6 +38,14 @@ def serve(argv):
     state = {"completions": 0, "preempt": 0, "streams": 0, "open": 0, "hits": 0}
     lock = threading.Lock()
     die_after = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "0"))
+    # A scheduler-trace row per /metrics poll, as scripts/gpu/hook writes
+    # them (a step's end, its times and the running/waiting counts).
+    trace_dir = os.environ.get("TAGMA_SCHED_TRACE")
+    trace = (
+        open(Path(trace_dir) / f"sched-{os.getpid()}.tsv", "a")  # noqa: SIM115
+        if trace_dir
+        else None
+    )
     print("GPU KV cache size: 1,234,560 tokens", flush=True)
     print("Maximum concurrency for 16,384 tokens per request: 75.35x", flush=True)
 
@@ -57,6 +65,12 @@ def serve(argv):
             if self.path == "/health":
                 return self.reply(200, "")
             if self.path == "/metrics":
+                if trace is not None:  # an engine step for every poll
+                    trace.write(
+                        f"S\t{time.time_ns()}\t1000\t1000\t100\t"
+                        f"{state['open'] + 1}\t0\t0\t-\t0\t0\t0\t0\n"
+                    )
+                    trace.flush()
                 state["preempt"] += 1 if args.kv_cache_backend == "paged" else 0
                 # 0.42 until a stream has run (bench serve's fixed peak), then
                 # the share of streams open (the soak's idle check).
