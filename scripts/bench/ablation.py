@@ -217,6 +217,17 @@ class NoHeadroomKVCacheManager(TagmaKVCacheManager):
     block_pool_cls = NoHeadroomBlockPool
 
 
+class NoEvictedHeadroomBlockPool(TagmaBlockPool):
+    def _evict_for_run(self, num_blocks: int) -> None:
+        # Before the admission's batch: cached blocks are evicted only when
+        # no clean run holds the blocks themselves, as many as needed.
+        return
+
+
+class NoEvictedHeadroomKVCacheManager(TagmaKVCacheManager):
+    block_pool_cls = NoEvictedHeadroomBlockPool
+
+
 class LruEvictionBlockPool(TagmaBlockPool):
     def get_new_blocks_after(
         self, last_block: KVCacheBlock | None, num_blocks: int

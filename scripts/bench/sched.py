@@ -13,7 +13,12 @@ contiguous runs each running request's block ids form.
 
 Workloads: `decode` (short prompts, long outputs), `prefill` (long prompts,
 short outputs, steady arrivals), each with or without prefix hits (half the
-prompts share one of 8 system prompts). N = 64, 256, 1024. `--prefix
+prompts share one of 8 system prompts). N = 64, 256, 1024. `offline` is the
+shape of `make bench-offline` (128 tokens in, 256 out, every request the
+same length, so N requests are admitted, decode and finish together) on the
+KV cache that run had on an H100 (OFFLINE_NUM_BLOCKS), timed after the
+cache has cycled (at least OFFLINE_WARMUP steps), so that the free pool is
+cached blocks and every admission evicts; prefix `off` only. `--prefix
 pressure` (prefill only) puts the prefix cache under pressure: 128 system
 prompts and a KV cache of PRESSURE_NUM_BLOCKS, so cached prefixes are
 evicted before they come back, and the free pool is cached blocks, as in a
@@ -66,6 +71,11 @@ PREFIX_SYSTEMS = {"off": 0, "on": 8, "pressure": 128}
 # cache too small for the 128 system prompts between their reuses: prefix
 # hits drop to a quarter of the unpressured rate (2.5 against 10-11 %).
 PRESSURE_NUM_BLOCKS = 28_672
+# The offline workload: the KV cache of the 1B offline runs on an H100
+# (1,129,408 tokens), and the steps until it has cycled (about 3.7 waves
+# of 1,024 requests of 24 blocks) and for two waves after that.
+OFFLINE_NUM_BLOCKS = 70_588
+OFFLINE_WARMUP, OFFLINE_STEPS = 1_000, 540
 # Variant -> (--kv-cache-backend, kv_cache_manager_cls). Ablations run under
 # "paged" so that tagma's config does not name its own manager.
 VARIANTS = {
@@ -81,6 +91,10 @@ VARIANTS = {
     "tagma-both-books": ("paged", "ablation.BothBooksKVCacheManager"),
     "tagma-noheadroom": ("paged", "ablation.NoHeadroomKVCacheManager"),
     "tagma-lru": ("paged", "ablation.LruEvictionKVCacheManager"),
+    "tagma-no-evicted-headroom": (
+        "paged",
+        "ablation.NoEvictedHeadroomKVCacheManager",
+    ),
 }
 KV_METHODS = (
     "allocate_slots",
@@ -221,6 +235,8 @@ def request_factory(workload: str, prefix: str, seed: int):
         i = next(counter)
         if workload == "decode":
             prompt_len, max_tokens = rng.randint(32, 256), rng.randint(256, 1024)
+        elif workload == "offline":
+            prompt_len, max_tokens = 128, 256
         else:
             prompt_len, max_tokens = rng.randint(1024, 3072), rng.randint(4, 32)
         tokens = [rng.randrange(1, 30000) for _ in range(prompt_len)]
@@ -275,7 +291,10 @@ def run_one(
     # The previous run's scheduler is cyclic garbage: free it before this
     # one is built, so every run starts from the same heap.
     gc.collect()
-    if prefix == "pressure":
+    if workload == "offline":
+        num_blocks = OFFLINE_NUM_BLOCKS
+        warmup, steps = max(warmup, OFFLINE_WARMUP), max(steps, OFFLINE_STEPS)
+    elif prefix == "pressure":
         num_blocks = PRESSURE_NUM_BLOCKS
     else:
         num_blocks = int(n * (3200 + 1100) / BLOCK_SIZE * 0.9) + 1024
@@ -327,7 +346,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2, help="ABBA blocks")
     parser.add_argument(
-        "--workloads", nargs="+", choices=("decode", "prefill"),
+        "--workloads", nargs="+", choices=("decode", "prefill", "offline"),
         default=["decode", "prefill"],
     )  # fmt: skip
     parser.add_argument(
@@ -368,6 +387,7 @@ def main() -> int:
         for w in args.workloads
         for p in args.prefix
         if not (w == "decode" and p == "pressure")
+        and not (w == "offline" and p != "off")
     ]
     for i, (n, workload, prefix) in enumerate(combos):
         key = f"n={n}-workload={workload}-prefix={prefix}"
@@ -413,8 +433,13 @@ def main() -> int:
             "n": n,
             "workload": workload,
             "prefix": prefix,
-            "steps": args.steps,
-            "warmup": args.warmup,
+            # As run_one takes them (the offline workload has minimums).
+            "steps": max(args.steps, OFFLINE_STEPS)
+            if workload == "offline"
+            else args.steps,
+            "warmup": max(args.warmup, OFFLINE_WARMUP)
+            if workload == "offline"
+            else args.warmup,
             "order": order,
             "block_size": BLOCK_SIZE,
         }
