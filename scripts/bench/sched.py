@@ -216,6 +216,14 @@ class KVTimer:
         return max(net, 0.0)
 
 
+def effective_steps(workload: str, warmup: int, steps: int) -> tuple[int, int]:
+    """(warm-up, timed) steps of a run: the offline workload's are at least
+    enough to cycle its cache and time two waves after it."""
+    if workload == "offline":
+        return max(warmup, OFFLINE_WARMUP), max(steps, OFFLINE_STEPS)
+    return warmup, steps
+
+
 def request_factory(workload: str, prefix: str, seed: int):
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -291,9 +299,9 @@ def run_one(
     # The previous run's scheduler is cyclic garbage: free it before this
     # one is built, so every run starts from the same heap.
     gc.collect()
+    warmup, steps = effective_steps(workload, warmup, steps)
     if workload == "offline":
         num_blocks = OFFLINE_NUM_BLOCKS
-        warmup, steps = max(warmup, OFFLINE_WARMUP), max(steps, OFFLINE_STEPS)
     elif prefix == "pressure":
         num_blocks = PRESSURE_NUM_BLOCKS
     else:
@@ -429,17 +437,13 @@ def main() -> int:
             metrics[f"{b}/runs_per_request"] = metric(
                 [float(x) for x in d["runs"]], "runs"
             )
+        warmup, steps = effective_steps(workload, args.warmup, args.steps)
         params = {
             "n": n,
             "workload": workload,
             "prefix": prefix,
-            # As run_one takes them (the offline workload has minimums).
-            "steps": max(args.steps, OFFLINE_STEPS)
-            if workload == "offline"
-            else args.steps,
-            "warmup": max(args.warmup, OFFLINE_WARMUP)
-            if workload == "offline"
-            else args.warmup,
+            "steps": steps,
+            "warmup": warmup,
             "order": order,
             "block_size": BLOCK_SIZE,
         }

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -832,6 +833,24 @@ def run_one(
     write_run(run_dir, summary)
 
 
+def plan_runs(order: str, deadline: float) -> Iterator[tuple[int, str, bool, bool]]:
+    """(index, backend, warm-up, profile) for each letter of --order, raising
+    BenchError once past `deadline` (monotonic). A lower-case letter is a
+    warm-up run: measured like the others (and the gate's reference when
+    first) but left out of the report; the profiler window is the first
+    measured run of each backend."""
+    profiled: set[str] = set()
+    for i, letter in enumerate(order):
+        if time.monotonic() > deadline:
+            raise BenchError(f"time budget spent before run {i + 1} (--budget-s)")
+        warmup = letter.islower()
+        backend = BACKENDS[letter.upper()]
+        profile = not warmup and backend not in profiled
+        if profile:
+            profiled.add(backend)
+        yield i, backend, warmup, profile
+
+
 # --resident: each backend's server takes this share of the GPU's memory, so
 # both fit beside each other with room for the CUDA contexts.
 RESIDENT_GPU_SHARE = 0.44
@@ -871,7 +890,6 @@ def run_resident(
     backends = list(dict.fromkeys(BACKENDS[x.upper()] for x in order))
     reference: dict = {}
     servers: dict[str, Started] = {}
-    profiled: set[str] = set()
     try:
         for backend, port in zip(backends, free_ports(len(backends)), strict=True):
             server_dir = out / suite.name / f"server-{backend}"
@@ -888,12 +906,7 @@ def run_resident(
                 f"{suite.name} {backend} server",
                 ("--gpu-memory-utilization", str(RESIDENT_GPU_SHARE)),
             )
-        for i, letter in enumerate(order):
-            if time.monotonic() > deadline:
-                raise BenchError(f"time budget spent before run {i + 1} (--budget-s)")
-            warmup = letter.islower()
-            backend = BACKENDS[letter.upper()]
-            profile = not warmup and backend not in profiled
+        for i, backend, warmup, profile in plan_runs(order, deadline):
             started = servers[backend]
             for other in servers.values():
                 other.server.check_alive(f"run {i + 1}")
@@ -907,8 +920,6 @@ def run_resident(
             windows = [r["window"] for r in summary["results"]]
             slice_traces(started.dir, run_dir, windows[0][0], windows[-1][1])
             write_run(run_dir, summary)
-            if profile:
-                profiled.add(backend)
     except BenchError as e:
         errors.append(f"{suite.name}: {e}")
         log(f"STOP {suite.name}: {e}")
@@ -928,16 +939,8 @@ def run_suite(
     deadline: float,
 ) -> None:
     reference: dict = {}
-    profiled: set[str] = set()
     try:
-        for i, letter in enumerate(order):
-            if time.monotonic() > deadline:
-                raise BenchError(f"time budget spent before run {i + 1} (--budget-s)")
-            # A lower-case letter is a warm-up run: measured like the others
-            # (and the gate's reference when first) but left out of the report.
-            warmup = letter.islower()
-            backend = BACKENDS[letter.upper()]
-            profile = not warmup and backend not in profiled
+        for i, backend, warmup, profile in plan_runs(order, deadline):
             run_one(
                 suite,
                 i,
@@ -950,8 +953,6 @@ def run_suite(
                 warmup=warmup,
                 profile=profile,
             )
-            if profile:
-                profiled.add(backend)
     except BenchError as e:
         errors.append(f"{suite.name}: {e}")
         log(f"STOP {suite.name}: {e}")
