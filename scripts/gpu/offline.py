@@ -20,7 +20,12 @@ runs. Variants:
 
 Writes `<variant>-<i>.json` (the bench's own output), `summary.json`
 (tokens/s per run, medians and ratios to the first variant with their
-pairwise range) and `offline.png`.
+pairwise range) and `offline.png`. With `--trace`, the engine runs with the
+scheduler hook (scripts/gpu/hook): each run's per-step trace goes to
+`steps-<variant>-<i>/`, and its record in `summary.json` gets `host`, where
+the engine thread's time went over the run (schedule, update, the KV manager
+inside them, the runner's execute_model and sample_tokens, the wait for
+sampled tokens, the rest of the loop), in µs per step and per output token.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bundle as bundle_mod  # noqa: E402
+import report  # noqa: E402
 
 VARIANTS = {
     "paged": ["--kv-cache-backend", "paged"],
@@ -68,6 +74,42 @@ WORKLOAD = [
     "--seed",
     "0",
 ]
+
+
+# S-row columns (scripts/gpu/hook) summed over a run, in ns.
+HOST_COLUMNS = {
+    "schedule": 2,
+    "update": 3,
+    "kv": 4,
+    "exec": 10,
+    "sample": 11,
+    "wait": 12,
+}
+
+
+def host_split(trace_dir: Path, output_tokens: int) -> dict:
+    """Where the engine thread's time went over a run, from its S rows:
+    totals (s), per step and per output token (µs). `rest` is the loop's
+    time outside the parts (new requests, outputs to the front end)."""
+    rows = [r for r in report.read_trace(trace_dir) if r[0] == "S"]
+    rows = [r for r in rows if len(r) > HOST_COLUMNS["wait"]]
+    if len(rows) < 2:
+        return {}
+    wall = (int(rows[-1][1]) - int(rows[0][1])) / 1e9
+    # The first row's parts ran before the first interval began.
+    tot = {k: sum(int(r[i]) for r in rows[1:]) / 1e9 for k, i in HOST_COLUMNS.items()}
+    parts = ("schedule", "update", "exec", "sample", "wait")
+    tot["rest"] = wall - sum(tot[k] for k in parts)
+    steps = len(rows) - 1
+    return {
+        "steps": steps,
+        "wall_s": round(wall, 3),
+        "total_s": {k: round(v, 3) for k, v in tot.items()},
+        "per_step_us": {k: round(v / steps * 1e6, 1) for k, v in tot.items()},
+        "per_token_us": {
+            k: round(v / max(output_tokens, 1) * 1e6, 3) for k, v in tot.items()
+        },
+    }
 
 
 def log(msg: str) -> None:
@@ -142,6 +184,11 @@ def main() -> int:
         help="one run of the first variant first, left out of the summary",
     )
     parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="time the engine thread's parts per step (scripts/gpu/hook)",
+    )
+    parser.add_argument(
         "--plot-only", action="store_true", help="redraw OUT's plot from its summary"
     )
     args = parser.parse_args()
@@ -169,6 +216,8 @@ def main() -> int:
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
         "VLLM_CACHE_ROOT": str(Path(args.dest) / "vllm-cache" / "offline"),
     }
+    if args.trace:
+        env["PYTHONPATH"] = f"{HERE / 'hook'}:{env['PYTHONPATH']}"
     runs: list[dict] = []
     seen: dict[str, int] = {}
     plan = order(variants, args.repeats)
@@ -194,10 +243,12 @@ def main() -> int:
             str(result),
         ]
         log(f"run {n}/{len(plan)}: {name} #{i}")
+        steps_dir = out / f"steps-{name}-{i}"
+        run_env = {**env, "TAGMA_SCHED_TRACE": str(steps_dir)} if args.trace else env
         t0 = time.monotonic()
         with open(out / f"{name}-{i}.log", "w") as f:
             rc = subprocess.run(
-                cmd, env=env, stdout=f, stderr=subprocess.STDOUT
+                cmd, env=run_env, stdout=f, stderr=subprocess.STDOUT
             ).returncode
         if rc != 0 or not result.exists():
             tail = (out / f"{name}-{i}.log").read_text().splitlines()[-25:]
@@ -214,6 +265,14 @@ def main() -> int:
             return 1
         tok_s = float(m.group(1))
         log(f"{name} #{i}: {tok_s:,.0f} output tok/s")
+        host = {}
+        if args.trace:
+            host = host_split(steps_dir, round(tok_s * data["elapsed_time"]))
+            us = host.get("per_step_us", {})
+            log(
+                f"{name} #{i}: {host.get('steps', 0)} steps, µs a step: "
+                + ", ".join(f"{k} {v:,.0f}" for k, v in us.items())
+            )
         if name != variant:
             continue
         runs.append(
@@ -224,6 +283,7 @@ def main() -> int:
                 "elapsed_s": data["elapsed_time"],
                 "wall_s": round(time.monotonic() - t0, 1),
             }
+            | ({"host": host} if host else {})
         )
     summary = summarize(runs, variants)
     summary["command"] = " ".join(sys.argv)

@@ -99,3 +99,32 @@ def test_unknown_variant_is_refused(fake_bundle, tmp_path):
     r = _offline(fake_bundle, tmp_path, "--variants", "paged,nope")
     assert r.returncode == 2
     assert "--variants" in r.stderr
+
+
+def test_host_split_sums_each_part_over_the_run(tmp_path):
+    # S rows: wall, schedule, update, kv, running, waiting, gc, kv_top,
+    # kv_top_ns, exec, sample, wait (ns), as scripts/gpu/hook writes them.
+    def s_row(wall_ms: int, sched_us: int, exec_us: int) -> str:
+        ns = 1000
+        return (
+            f"S\t{wall_ms * 10**6}\t{sched_us * ns}\t{100 * ns}\t{50 * ns}\t8\t0\t0"
+            f"\tallocate_slots\t{40 * ns}\t{exec_us * ns}\t{200 * ns}\t{300 * ns}\n"
+        )
+
+    (tmp_path / "sched-1.tsv").write_text(
+        s_row(0, 9999, 9999)  # its parts ran before the first interval
+        + "C\t0\t1\t0\t128\t7\n"
+        + s_row(10, 1000, 2000)
+        + s_row(20, 3000, 4000)
+    )
+    host = offline.host_split(tmp_path, output_tokens=16)
+    assert host["steps"] == 2
+    assert host["wall_s"] == pytest.approx(0.020)
+    per_step = host["per_step_us"]
+    assert per_step["schedule"] == 2000
+    assert per_step["exec"] == 3000
+    assert per_step["kv"] == 50
+    # 10,000 µs a step less schedule, update, exec, sample and wait.
+    assert per_step["rest"] == pytest.approx(10_000 - 2000 - 100 - 3000 - 200 - 300)
+    assert host["per_token_us"]["schedule"] == pytest.approx(4000 / 16)
+    assert offline.host_split(tmp_path / "none", output_tokens=1) == {}
