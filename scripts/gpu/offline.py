@@ -158,7 +158,11 @@ def plot(summary: dict, path: Path) -> None:
             ax.hlines(med / 1e3, i - 0.25, i + 0.25, color="C1")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("output K tok/s")
-    ax.set_title("vllm bench throughput, 1B shape, 128/256, 3,072 prompts")
+    workload = summary.get("workload", [])
+    prompts = "?"
+    if "--num-prompts" in workload:
+        prompts = f"{int(workload[workload.index('--num-prompts') + 1]):,}"
+    ax.set_title(f"vllm bench throughput, 1B shape, 128/256, {prompts} prompts")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
