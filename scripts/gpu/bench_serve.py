@@ -15,6 +15,8 @@ decode steps. Everything but the backend is the same: model, seed, requests,
 flags, GPU. A lower-case letter in --order (aABBA) adds a warm-up run that
 the report leaves out: the first server on a fresh host runs slower. With
 several GPUs, suites that fit run side by side, one GPU each.
+`--baseline paged-stock` makes A paged with vLLM's KV manager as released
+(scripts/bench/ablation.py's StockKVCacheManager) instead of the series'.
 
 `--resident` starts each backend's server once per suite instead, both side by
 side on the suite's GPU(s) at RESIDENT_GPU_SHARE of the memory each (gate at
@@ -45,7 +47,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,10 @@ import report  # noqa: E402
 
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 BACKENDS = {"A": "paged", "B": "tagma"}
+# `--baseline paged-stock`: A's servers run paged with vLLM's KV manager as
+# released (scripts/bench/ablation.py), the reference issue 17's bars are
+# judged against; the series' paged shares tagma's backend-neutral hooks.
+STOCK_MANAGER = ("--kv-cache-manager-cls", "ablation.StockKVCacheManager")
 
 
 @dataclass
@@ -77,6 +83,8 @@ class Suite:
     gpus: int = 1
     server_args: list[str] = field(default_factory=list)
     gate_lens: tuple[int, ...] = (8, 64, 512, 2048)
+    # Set per invocation (--baseline): extra server flags for paged only.
+    paged_args: tuple[str, ...] = ()
 
 
 def _random(n_in: int, n_out: int, prompts: int, *extra: str) -> list[str]:
@@ -396,6 +404,7 @@ def serve_cmd(
         "0",
         "--kv-cache-backend",
         backend,
+        *(suite.paged_args if backend == "paged" else ()),
         "--profiler-config",
         json.dumps(profiler),
         *suite.server_args,
@@ -780,6 +789,7 @@ def measure(
         "run": index + 1,
         "warmup": warmup,
         "backend": backend,
+        **({"manager": "stock"} if backend == "paged" and suite.paged_args else {}),
         "startup_s": started.ready_s,
         "capacity": started.capacity,
         "gate": started.gate,
@@ -1031,6 +1041,13 @@ def main() -> int:
         help="one server per backend for the whole suite, side by side on its "
         f"GPU(s) at {RESIDENT_GPU_SHARE} of the memory each; runs take turns",
     )
+    parser.add_argument(
+        "--baseline",
+        choices=("paged", "paged-stock"),
+        default="paged",
+        help="what A runs: the series' paged, or paged with vLLM's KV manager "
+        "as released (paged-stock)",
+    )
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
 
@@ -1061,7 +1078,10 @@ def main() -> int:
         print(f"bench-gpu: {e}", file=sys.stderr)
         return 1
 
-    suites = [SUITES[n] for n in names]
+    stock = args.baseline == "paged-stock"
+    suites = [
+        replace(SUITES[n], paged_args=STOCK_MANAGER if stock else ()) for n in names
+    ]
     skipped = [s.name for s in suites if s.gpus > len(gpus)]
     for name in skipped:
         log(
@@ -1069,7 +1089,12 @@ def main() -> int:
             f"this host has {len(gpus)}"
         )
     base_env = {
-        **server_env(f"{HERE / 'hook'}:{paths['site']}"),
+        # ablation.py (the stock manager) sits beside the CPU benchmarks.
+        **server_env(
+            f"{HERE / 'hook'}:"
+            + (f"{HERE.parent / 'bench'}:" if stock else "")
+            + str(paths["site"])
+        ),
         # Multicast stays off on shared multi-GPU hosts.
         "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -1081,6 +1106,7 @@ def main() -> int:
     errors: list[str] = []
     meta = {
         "order": args.order,
+        "baseline": args.baseline,
         "resident": args.resident,
         "gpus": shown,
         "skipped": skipped,

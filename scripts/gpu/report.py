@@ -184,6 +184,12 @@ def load(folders: list[Path]) -> dict:
     return suites
 
 
+def _baseline(meta: dict) -> str:
+    if meta.get("baseline") == "paged-stock":
+        return "paged with vLLM's KV manager as released (--baseline paged-stock)"
+    return "paged"
+
+
 def _meta_lines(folders: list[Path]) -> list[str]:
     metas = []
     for folder in folders:
@@ -193,6 +199,11 @@ def _meta_lines(folders: list[Path]) -> list[str]:
     if len(stacks) > 1:
         raise ValueError(
             "cannot pool runs of different stacks: " + "; ".join(sorted(stacks))
+        )
+    baselines = {m.get("baseline", "paged") for m in metas if m}
+    if len(baselines) > 1:
+        raise ValueError(
+            "cannot pool runs of different baselines: " + ", ".join(sorted(baselines))
         )
     lines = []
     if stacks:
@@ -204,7 +215,8 @@ def _meta_lines(folders: list[Path]) -> list[str]:
         lines += [
             f"{head}GPUs: {'; '.join(meta.get('gpus', []))}",
             (
-                f"{head}order: {meta.get('order')} (A = paged, B = tagma), "
+                f"{head}order: {meta.get('order')} (A = {_baseline(meta)}, "
+                "B = tagma), "
                 f"started {meta.get('started')}, wall {meta.get('wall_s')} s"
             ),
         ]

@@ -130,6 +130,37 @@ def test_warmup_run_is_the_gate_reference_but_left_out_of_the_report(
     assert r.returncode == 1 and "--order takes A (paged) and B (tagma)" in r.stderr
 
 
+def test_paged_stock_baseline_runs_vllms_manager_as_released(
+    fake_bundle, gpu_path, tmp_path
+):
+    r, out = _bench_1b(
+        fake_bundle, gpu_path, tmp_path, "--baseline", "paged-stock", "--order", "AB"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    paged = out / "1b-host/run1-paged"
+    tagma = out / "1b-host/run2-tagma"
+    # The stand-in exits unless the manager's module is on the server's path.
+    stock = "--kv-cache-manager-cls ablation.StockKVCacheManager"
+    assert stock in (paged / "server.cmd").read_text()
+    assert stock not in (tagma / "server.cmd").read_text()
+    assert json.loads((paged / "run.json").read_text())["manager"] == "stock"
+    assert "manager" not in json.loads((tagma / "run.json").read_text())
+    assert json.loads((out / "meta.json").read_text())["baseline"] == "paged-stock"
+    report = (out / "report.md").read_text()
+    assert "(A = paged with vLLM's KV manager as released" in report
+    # Passes of different baselines are not pooled into one ratio.
+    r2, out2 = _bench_1b(fake_bundle, gpu_path, tmp_path / "b", "--order", "AB")
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    pooled = subprocess.run(
+        [sys.executable, str(GPU / "report.py"), "--out", str(tmp_path / "pooled"),
+         str(out), str(out2)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert pooled.returncode != 0
+    assert "cannot pool runs of different baselines" in pooled.stderr
+
+
 def test_resident_servers_start_once_and_take_turns(fake_bundle, gpu_path, tmp_path):
     r, out = _bench_1b(
         fake_bundle, gpu_path, tmp_path, "--resident", "--order", "aABBA"

@@ -18,6 +18,7 @@ with FAKE_VLLM_THROUGHPUT_FAIL=1.
 
 import argparse
 import gzip
+import importlib.util
 import json
 import os
 import sys
@@ -33,7 +34,14 @@ def serve(argv):
     p.add_argument("--port", type=int)
     p.add_argument("--kv-cache-backend")
     p.add_argument("--profiler-config")
+    p.add_argument("--kv-cache-manager-cls", default="")
     args, _ = p.parse_known_args(argv)
+    if args.kv_cache_manager_cls:
+        # vLLM imports the class by its qualified name: its module must be
+        # on the server's path (not imported here: it needs the real vLLM).
+        module = args.kv_cache_manager_cls.rpartition(".")[0]
+        if importlib.util.find_spec(module) is None:
+            sys.exit(f"fake vllm: no module {module!r} for --kv-cache-manager-cls")
     prof = json.loads(args.profiler_config or "{}")
     state = {"completions": 0, "preempt": 0, "streams": 0, "open": 0, "hits": 0}
     lock = threading.Lock()
