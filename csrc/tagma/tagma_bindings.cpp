@@ -22,6 +22,7 @@
 //       def hand_out(self, start, length, /) -> list[Block]: ...
 //       def cache_full(self, entries, blocks, hashes, start, end,
 //                      block_size, suffix, /) -> int: ...
+//       def evict(self, entries, blocks, /) -> list[int]: ...
 //       def release(self, blocks, watch, /)
 //           -> tuple[list[int], list[Block], list[int], list]: ...
 //       def allocate_batched(self, steps, start, req_to_blocks, headroom,
@@ -1205,14 +1206,14 @@ PyObject* Blocks_hand_out(PyObject* self, PyObject* const* args,
   return list;
 }
 
-// The view of `item` if it is one of this Blocks object's views, else
-// nullptr with TypeError naming the argument and the index.
 // Whether `item` is one of this Blocks object's views.
 bool is_view_of(BlocksObject* o, PyObject* item) {
   return Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(o->block_type) &&
          as_block(item)->state == o->state;
 }
 
+// The view of `item` if it is one of this Blocks object's views, else
+// nullptr with TypeError naming the argument and the index.
 BlockObject* own_view(BlocksObject* o, PyObject* item, const char* name,
                       Py_ssize_t i) {
   if (!is_view_of(o, item)) {
@@ -1368,6 +1369,87 @@ PyObject* Blocks_cache_full(PyObject* self, PyObject* const* args,
     }
   }
   return PyLong_FromSsize_t(i);
+}
+
+// evict(entries, blocks): upstream's BlockPool.evict_blocks for a batch of
+// this pool's blocks, without KV events, the metrics collector or partial
+// prefix entries (the caller takes upstream's path when any is on). Each
+// block (a view in the list `blocks`; the null block is skipped) that has a
+// key loses it, and `entries` (the prefix map's dict) loses the block under
+// that key as BlockHashToBlockMap.pop(key, block_id) does it: a key holding
+// the block alone goes, a key holding {block_id: block} drops it (and goes
+// once empty), a key holding another block stays. Returns the blocks' ids,
+// in order, for the run index. Every argument is checked, and every object
+// the changes need is made, before anything changes.
+PyObject* Blocks_evict(PyObject* self, PyObject* const* args,
+                       Py_ssize_t nargs) {
+  const char* name = "Blocks.evict";
+  if (!check_nargs(name, nargs, 2, 2)) return nullptr;
+  PyObject* entries = args[0];
+  PyObject* blocks = args[1];
+  if (!PyDict_Check(entries) || !PyList_Check(blocks)) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: entries must be a dict and blocks a list; got %R, %R",
+                 name, reinterpret_cast<PyObject*>(Py_TYPE(entries)),
+                 reinterpret_cast<PyObject*>(Py_TYPE(blocks)));
+    return nullptr;
+  }
+  BlocksObject* o = as_blocks(self);
+  BlockState& st = *o->state;
+  const Py_ssize_t n = PyList_Size(blocks);
+  return guarded([&]() -> PyObject* {
+    // The int keys of {block_id: block} entries, made before any change;
+    // the last C++ allocation, so nothing below throws.
+    RawVector<PyObject*> inner_ids(static_cast<size_t>(n), nullptr);
+    PyObject* ids = PyList_New(n);
+    if (ids == nullptr) return nullptr;
+    auto fail = [&]() -> PyObject* {
+      for (PyObject* inner_id : inner_ids) Py_XDECREF(inner_id);
+      Py_DECREF(ids);
+      return nullptr;
+    };
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      BlockObject* b = own_view(o, PyList_GetItem(blocks, i), name, i);
+      if (b == nullptr) return fail();
+      PyObject* id = PyLong_FromUnsignedLong(b->id);
+      if (id == nullptr) return fail();
+      PyList_SetItem(ids, i, id);  // steals
+      PyObject* key = st.hash[b->id];
+      if (key == nullptr || st.is_null[b->id]) continue;
+      PyObject* entry = PyDict_GetItemWithError(entries, key);  // borrowed
+      if (entry == nullptr && PyErr_Occurred()) return fail();
+      if (entry != nullptr && PyDict_Check(entry)) {
+        inner_ids[static_cast<size_t>(i)] = Py_NewRef(id);
+      }
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const uint32_t id = as_block(PyList_GetItem(blocks, i))->id;
+      PyObject* key = st.hash[id];
+      // No key, or a block listed twice whose key went already.
+      if (key == nullptr || st.is_null[id]) continue;
+      PyObject* entry = PyDict_GetItemWithError(entries, key);  // borrowed
+      PyObject* inner_id = inner_ids[static_cast<size_t>(i)];
+      int rc = 0;
+      if (entry != nullptr && entry == st.view[id]) {
+        rc = PyDict_DelItem(entries, key);
+      } else if (entry != nullptr && PyDict_Check(entry) &&
+                 inner_id != nullptr) {
+        const int has = PyDict_Contains(entry, inner_id);
+        if (has > 0) rc = PyDict_DelItem(entry, inner_id);
+        if (rc == 0 && has >= 0 && PyDict_Size(entry) == 0) {
+          rc = PyDict_DelItem(entries, key);
+        }
+      }
+      // Bytes keys and int ids compare without raising; a dict that held
+      // them a moment ago deletes them.
+      if (rc != 0) return fail();
+      st.hash[id] = nullptr;
+      st.hash_tokens[id] = BlockState::kNoTokens;
+      Py_DECREF(key);
+    }
+    for (PyObject* inner_id : inner_ids) Py_XDECREF(inner_id);
+    return ids;
+  });
 }
 
 // release(blocks, watch): the reference drop of BlockPool.free_blocks.
@@ -1794,6 +1876,14 @@ PyMethodDef Blocks_methods[] = {
      "it under that key (the block, or {block_id: block} for several). "
      "Stops at the first block that already has a key and returns its index, "
      "else end. TypeError or ValueError, nothing changed, on bad arguments."},
+    {"evict", fast(Blocks_evict), METH_FASTCALL,
+     "evict(entries, blocks, /) -> list[int]\n--\n\nDrops the prefix-cache "
+     "key of each block in the list (views of this pool; the null block is "
+     "skipped) and the block from the dict `entries` under that key, as "
+     "BlockPool.evict_blocks does without KV events: a key holding the block "
+     "goes, a {block_id: block} key drops it (and goes once empty), a key "
+     "holding another block stays. Returns the blocks' ids in order. "
+     "TypeError, nothing changed, on bad arguments."},
     {"allocate_batched", fast(Blocks_allocate_batched), METH_FASTCALL,
      "allocate_batched(steps, start, req_to_blocks, headroom, "
      "num_cached_block, held_slots, batched_slots, new_block_ids, "

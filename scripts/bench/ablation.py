@@ -35,6 +35,11 @@ no switch for them:
   unlinked from the queue, each freed block linked in, and eviction walks
   past the clean blocks at the queue's front.
 - `NoHeadroomKVCacheManager`: tagma without growth headroom.
+- `NoEvictedHeadroomKVCacheManager`: tagma without the admission's eviction
+  batch (cached blocks evicted only as many as the blocks themselves need).
+- `PyEvictKVCacheManager`: tagma evicting cached blocks through upstream's
+  `BlockPool.evict_blocks`, one block at a time, instead of the engine's
+  one call a batch (`Blocks.evict`).
 - `LruEvictionKVCacheManager`: tagma evicting as upstream's pool does: each
   allocation of n blocks first drops the hashes of the cached blocks among
   the first n of the free queue (the blocks upstream would have popped),
@@ -226,6 +231,17 @@ class NoEvictedHeadroomBlockPool(TagmaBlockPool):
 
 class NoEvictedHeadroomKVCacheManager(TagmaKVCacheManager):
     block_pool_cls = NoEvictedHeadroomBlockPool
+
+
+class PyEvictBlockPool(TagmaBlockPool):
+    def make_blocks(self, num_gpu_blocks: int) -> list[KVCacheBlock]:
+        blocks = super().make_blocks(num_gpu_blocks)
+        self._evict = None
+        return blocks
+
+
+class PyEvictKVCacheManager(TagmaKVCacheManager):
+    block_pool_cls = PyEvictBlockPool
 
 
 class LruEvictionBlockPool(TagmaBlockPool):

@@ -95,6 +95,7 @@ VARIANTS = {
         "paged",
         "ablation.NoEvictedHeadroomKVCacheManager",
     ),
+    "tagma-py-evict": ("paged", "ablation.PyEvictKVCacheManager"),
 }
 KV_METHODS = (
     "allocate_slots",

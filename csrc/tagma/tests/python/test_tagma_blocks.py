@@ -405,6 +405,94 @@ def test_cache_full_does_not_leak():
     assert [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(SUFFIX)] == refs
 
 
+def _cached(b, entries, ids, hashes):
+    """Blocks `ids` of `b` prefix-cached under `hashes` (one each)."""
+    for i, h in zip(ids, hashes, strict=True):
+        assert b.cache_full(entries, [b[i]], [h], 0, 1, 16, SUFFIX) == 1
+
+
+def test_evict_drops_keys_as_upstreams_map_pop_does():
+    b = T.Blocks(10)
+    entries = {}
+    # 1 alone under a; 2 and 3 share b; 4 shares c with 5, which stays.
+    _cached(b, entries, [1, 2, 3, 4, 5], [b"a", b"b", b"b", b"c", b"c"])
+    a, k, c = (x + SUFFIX for x in (b"a", b"b", b"c"))
+    assert entries == {a: b[1], k: {2: b[2], 3: b[3]}, c: {4: b[4], 5: b[5]}}
+    # Block 6 has no key: left as it is, its id returned all the same.
+    assert b.evict(entries, [b[1], b[2], b[4], b[6]]) == [1, 2, 4, 6]
+    assert entries == {k: {3: b[3]}, c: {5: b[5]}}
+    assert [b[i].block_hash for i in (1, 2, 4, 6)] == [None] * 4
+    assert [b[i].block_hash_num_tokens for i in (1, 2, 4)] == [None] * 3
+    assert b[3].block_hash == k and b[5].block_hash == c
+    # The last block of a shared key takes the key with it.
+    assert b.evict(entries, [b[3]]) == [3]
+    assert entries == {c: {5: b[5]}}
+    # A key holding another block is left; the block loses its key anyway
+    # (upstream's _remove_cached_block_hashes resets it either way).
+    b[7].set_block_hash(c, 16)
+    assert b.evict(entries, [b[7]]) == [7]
+    assert entries == {c: {5: b[5]}} and b[7].block_hash is None
+    entries2 = {a: b[8]}
+    b[9].set_block_hash(a, 16)
+    assert b.evict(entries2, [b[9]]) == [9]
+    assert entries2 == {a: b[8]}
+    # A block listed twice is evicted once.
+    assert b.evict(entries, [b[5], b[5]]) == [5, 5] and entries == {}
+    # The null block is skipped, key and all.
+    b[0].is_null = True
+    b[0].set_block_hash(b"n", 16)
+    entries3 = {b"n": b[0]}
+    assert b.evict(entries3, [b[0]]) == [0]
+    assert entries3 == {b"n": b[0]} and b[0].block_hash == b"n"
+
+
+@pytest.mark.parametrize(
+    "entries, blocks, error, match",
+    [
+        ([], [1], TypeError, "must be a dict"),
+        ({}, (1,), TypeError, "blocks a list"),
+        ({}, [1, "other"], TypeError, r"blocks\[1\] is .* not a Block of this pool"),
+        ({}, [1, 5], TypeError, r"blocks\[1\] is <class 'int'>"),
+    ],
+)
+def test_evict_errors_change_nothing(entries, blocks, error, match):
+    b = T.Blocks(4)
+    other = T.Blocks(4)
+    real = {}
+    _cached(b, real, [1, 2], [b"a", b"b"])
+    before = dict(real)
+    if isinstance(blocks, list):
+        blocks = [other[1] if x == "other" else (x if x == 5 else b[x]) for x in blocks]
+    with pytest.raises(error, match=match):
+        b.evict(real if isinstance(entries, dict) else entries, blocks)
+    assert real == before
+    assert [v.block_hash for v in b] == [None, b"a" + SUFFIX, b"b" + SUFFIX, None]
+    with pytest.raises(TypeError, match="takes 2 positional arguments"):
+        b.evict(real)
+
+
+def test_evict_does_not_leak():
+    hashes = [bytes([i]) * 32 for i in range(16)]
+
+    def loop(n):
+        for _ in range(n):
+            b = T.Blocks(40)
+            entries = {}
+            b.cache_full(entries, b[1:17], hashes, 0, 16, 16, SUFFIX)
+            b.cache_full(entries, b[17:33], hashes, 0, 16, 16, SUFFIX)
+            b.evict(entries, b[1:33:2])
+            b.evict(entries, b[0:33])
+            assert entries == {}
+            del b, entries
+
+    loop(50)
+    gc.collect()
+    refs = [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(SUFFIX)]
+    loop(500)
+    gc.collect()
+    assert [sys.getrefcount(h) for h in hashes] + [sys.getrefcount(SUFFIX)] == refs
+
+
 def test_release_drops_references_and_sorts_the_freed_blocks():
     b = T.Blocks(8)
     b.hand_out(1, 6)
