@@ -1379,8 +1379,8 @@ PyObject* Blocks_cache_full(PyObject* self, PyObject* const* args,
 // that key as BlockHashToBlockMap.pop(key, block_id) does it: a key holding
 // the block alone goes, a key holding {block_id: block} drops it (and goes
 // once empty), a key holding another block stays. Returns the blocks' ids,
-// in order, for the run index. Every argument is checked, and every object
-// the changes need is made, before anything changes.
+// in order, for the run index. Every argument is checked before anything
+// changes.
 PyObject* Blocks_evict(PyObject* self, PyObject* const* args,
                        Py_ssize_t nargs) {
   const char* name = "Blocks.evict";
@@ -1397,59 +1397,39 @@ PyObject* Blocks_evict(PyObject* self, PyObject* const* args,
   BlocksObject* o = as_blocks(self);
   BlockState& st = *o->state;
   const Py_ssize_t n = PyList_Size(blocks);
-  return guarded([&]() -> PyObject* {
-    // The int keys of {block_id: block} entries, made before any change;
-    // the last C++ allocation, so nothing below throws.
-    RawVector<PyObject*> inner_ids(static_cast<size_t>(n), nullptr);
-    PyObject* ids = PyList_New(n);
-    if (ids == nullptr) return nullptr;
-    auto fail = [&]() -> PyObject* {
-      for (PyObject* inner_id : inner_ids) Py_XDECREF(inner_id);
+  // First every block checked and its id made: the ids are also the keys of
+  // {block_id: block} entries, so nothing below allocates or fails.
+  PyObject* ids = PyList_New(n);
+  if (ids == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    BlockObject* b = own_view(o, PyList_GetItem(blocks, i), name, i);
+    PyObject* id = b == nullptr ? nullptr : PyLong_FromUnsignedLong(b->id);
+    if (id == nullptr) {
       Py_DECREF(ids);
       return nullptr;
-    };
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      BlockObject* b = own_view(o, PyList_GetItem(blocks, i), name, i);
-      if (b == nullptr) return fail();
-      PyObject* id = PyLong_FromUnsignedLong(b->id);
-      if (id == nullptr) return fail();
-      PyList_SetItem(ids, i, id);  // steals
-      PyObject* key = st.hash[b->id];
-      if (key == nullptr || st.is_null[b->id]) continue;
-      PyObject* entry = PyDict_GetItemWithError(entries, key);  // borrowed
-      if (entry == nullptr && PyErr_Occurred()) return fail();
-      if (entry != nullptr && PyDict_Check(entry)) {
-        inner_ids[static_cast<size_t>(i)] = Py_NewRef(id);
-      }
     }
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      const uint32_t id = as_block(PyList_GetItem(blocks, i))->id;
-      PyObject* key = st.hash[id];
-      // No key, or a block listed twice whose key went already.
-      if (key == nullptr || st.is_null[id]) continue;
-      PyObject* entry = PyDict_GetItemWithError(entries, key);  // borrowed
-      PyObject* inner_id = inner_ids[static_cast<size_t>(i)];
-      int rc = 0;
-      if (entry != nullptr && entry == st.view[id]) {
-        rc = PyDict_DelItem(entries, key);
-      } else if (entry != nullptr && PyDict_Check(entry) &&
-                 inner_id != nullptr) {
-        const int has = PyDict_Contains(entry, inner_id);
-        if (has > 0) rc = PyDict_DelItem(entry, inner_id);
-        if (rc == 0 && has >= 0 && PyDict_Size(entry) == 0) {
-          rc = PyDict_DelItem(entries, key);
-        }
-      }
-      // Bytes keys and int ids compare without raising; a dict that held
-      // them a moment ago deletes them.
-      if (rc != 0) return fail();
-      st.hash[id] = nullptr;
-      st.hash_tokens[id] = BlockState::kNoTokens;
-      Py_DECREF(key);
+    PyList_SetItem(ids, i, id);  // steals
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const uint32_t id = as_block(PyList_GetItem(blocks, i))->id;
+    PyObject* key = st.hash[id];
+    // No key, or a block listed twice whose key went already.
+    if (key == nullptr || st.is_null[id]) continue;
+    // Bytes keys and int ids hash and compare without raising, and a dict
+    // deletes a key it holds, so these calls cannot fail.
+    PyObject* entry = PyDict_GetItemWithError(entries, key);  // borrowed
+    if (entry != nullptr && entry == st.view[id]) {
+      PyDict_DelItem(entries, key);
+    } else if (entry != nullptr && PyDict_Check(entry)) {
+      PyObject* id_obj = PyList_GetItem(ids, i);  // borrowed
+      if (PyDict_Contains(entry, id_obj) > 0) PyDict_DelItem(entry, id_obj);
+      if (PyDict_Size(entry) == 0) PyDict_DelItem(entries, key);
     }
-    for (PyObject* inner_id : inner_ids) Py_XDECREF(inner_id);
-    return ids;
-  });
+    st.hash[id] = nullptr;
+    st.hash_tokens[id] = BlockState::kNoTokens;
+    Py_DECREF(key);
+  }
+  return ids;
 }
 
 // release(blocks, watch): the reference drop of BlockPool.free_blocks.

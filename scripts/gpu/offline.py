@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE))
 
 import bundle as bundle_mod  # noqa: E402
 import report  # noqa: E402
+from tail import HOST_PARTS  # noqa: E402 (S-row columns of the step's parts)
 
 VARIANTS = {
     "paged": ["--kv-cache-backend", "paged"],
@@ -76,28 +77,17 @@ WORKLOAD = [
 ]
 
 
-# S-row columns (scripts/gpu/hook) summed over a run, in ns.
-HOST_COLUMNS = {
-    "schedule": 2,
-    "update": 3,
-    "kv": 4,
-    "exec": 10,
-    "sample": 11,
-    "wait": 12,
-}
-
-
 def host_split(trace_dir: Path, output_tokens: int) -> dict:
     """Where the engine thread's time went over a run, from its S rows:
     totals (s), per step and per output token (µs). `rest` is the loop's
     time outside the parts (new requests, outputs to the front end)."""
     rows = [r for r in report.read_trace(trace_dir) if r[0] == "S"]
-    rows = [r for r in rows if len(r) > HOST_COLUMNS["wait"]]
+    rows = [r for r in rows if len(r) > HOST_PARTS["wait"]]
     if len(rows) < 2:
         return {}
     wall = (int(rows[-1][1]) - int(rows[0][1])) / 1e9
     # The first row's parts ran before the first interval began.
-    tot = {k: sum(int(r[i]) for r in rows[1:]) / 1e9 for k, i in HOST_COLUMNS.items()}
+    tot = {k: sum(int(r[i]) for r in rows[1:]) / 1e9 for k, i in HOST_PARTS.items()}
     parts = ("schedule", "update", "exec", "sample", "wait")
     tot["rest"] = wall - sum(tot[k] for k in parts)
     steps = len(rows) - 1
