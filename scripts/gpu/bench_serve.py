@@ -25,10 +25,12 @@ runs, so a session fits more pairs (aABBABAAB), and the two backends' runs are
 seconds apart on the same host. The idle server holds memory, not the GPU or
 the host; a run's folder gets its slice of its server's scheduler trace, so the
 report reads it as any other (server.log and gate.json are in server-<backend>/).
+Before each run its server's prefix cache is emptied (POST /reset_prefix_cache,
+dev mode), so the run computes its prompts as on a server of its own.
 
 Per run: server.log, <workload>.json (vllm bench serve's result + what this
-script measured), gate.json, profile.json, sched-*.tsv (scheduler-thread
-timing, scripts/gpu/hook). Then report.py writes report.md and plots;
+script measured: the main run's CPU time per process, hostcpu.py), gate.json,
+profile.json, sched-*.tsv (scheduler-thread timing, scripts/gpu/hook). Then report.py writes report.md and plots;
 `report.py --out DIR PASS1 PASS2` pools the runs of several invocations.
 """
 
@@ -45,8 +47,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bundle as bundle_mod  # noqa: E402
+import hostcpu  # noqa: E402
 import profile_trace  # noqa: E402
 import report  # noqa: E402
 
@@ -618,12 +622,21 @@ def run_bench(
     sampler.start()
     t0 = time.time()
     marks: dict[str, float] = {}
+    cpu0: dict = {}
     bench_log = run_dir / f"{wl.name}.bench.log"
+    client0 = hostcpu.children_cpu()
     with open(bench_log, "w") as out:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        copier = threading.Thread(target=_copy_marking, args=(proc, out, marks))
+
+        def at_main_run() -> None:
+            cpu0["client"] = hostcpu.process_cpu(proc.pid)
+            cpu0["server"] = hostcpu.group_cpu(server.proc.pid)
+
+        copier = threading.Thread(
+            target=_copy_marking, args=(proc, out, marks, at_main_run)
+        )
         copier.start()
         while proc.poll() is None:
             if not _alive(server.proc):
@@ -632,6 +645,8 @@ def run_bench(
             time.sleep(0.5)
         copier.join()
     t1 = time.time()
+    server_cpu = hostcpu.group_cpu(server.proc.pid)
+    client_s = hostcpu.children_cpu() - client0
     extra = sampler.finish()
     server.check_alive(wl.name)
     if proc.returncode != 0:
@@ -654,6 +669,14 @@ def run_bench(
         # From the main run's start: the bench's own start-up, single-prompt
         # test and warm-up requests are not the workload.
         out_r["main_window"] = [marks[MAIN_RUN], t1]
+        if cpu0.get("client") is not None:
+            # The main run's CPU time per process (hostcpu.py): which part
+            # of the front end saturates when the client lags the engine.
+            out_r["host_cpu"] = {
+                "window_s": t1 - marks[MAIN_RUN],
+                "client_s": round(client_s - cpu0["client"], 3),
+                "server_s": hostcpu.by_title(cpu0["server"], server_cpu),
+            }
     return out_r
 
 
@@ -686,12 +709,16 @@ def slim_detailed(path: Path) -> dict:
 MAIN_RUN = "Starting main benchmark run"
 
 
-def _copy_marking(proc: subprocess.Popen, out, marks: dict[str, float]) -> None:
-    """Copy the bench's output to its log, noting when the main run starts."""
+def _copy_marking(
+    proc: subprocess.Popen, out, marks: dict[str, float], at_main_run: Callable
+) -> None:
+    """Copy the bench's output to its log, noting when the main run starts
+    (and calling at_main_run then)."""
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(MAIN_RUN) and MAIN_RUN not in marks:
             marks[MAIN_RUN] = time.time()
+            at_main_run()
         out.write(line)
         out.flush()
 
@@ -883,6 +910,27 @@ def slice_traces(server_dir: Path, run_dir: Path, t0: float, t1: float) -> None:
         (run_dir / tsv.name).write_text("".join(f"{line}\n" for line in rows))
 
 
+def reset_prefix_cache(server: Server, tries: int = 10) -> None:
+    """Empty a resident server's prefix cache before a run: the suites send
+    the same prompts every run, which a server of its own computes in full
+    and a resident one would find cached (1b-burst-api4: 112 of each
+    prompt's 128 tokens). vLLM answers success false while blocks are still
+    held (a request finishing), so it is asked again; tagma's reset also
+    runs the manager's validate(), which answers 500 on a broken invariant."""
+    for _ in range(tries):
+        try:
+            resp = _post(server.url + "/reset_prefix_cache", {}, timeout=120)
+        except urllib.error.HTTPError as e:
+            raise BenchError(
+                f"POST /reset_prefix_cache answered {e.code}: "
+                f"{e.read().decode(errors='replace')[:500]}"
+            ) from e
+        if resp.get("success"):
+            return
+        time.sleep(1)
+    raise BenchError(f"the prefix cache would not reset in {tries} tries: {resp}")
+
+
 def run_resident(
     suite: Suite,
     order: str,
@@ -908,7 +956,7 @@ def run_resident(
             servers[backend] = start_server(
                 suite,
                 backend,
-                env,
+                {**env, "VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache
                 paths,
                 server_dir,
                 port,
@@ -922,10 +970,12 @@ def run_resident(
                 other.server.check_alive(f"run {i + 1}")
             run_dir = _run_dir(out, suite, i, backend)
             tag = _tag(suite, i, backend, warmup)
+            reset_prefix_cache(started.server)
             summary = measure(
                 suite, i, backend, started, env, paths, run_dir, tag, warmup, profile
             )
             summary["server"] = started.dir.name
+            summary["prefix_cache_reset"] = True
             time.sleep(TRACE_SETTLE_S)
             windows = [r["window"] for r in summary["results"]]
             slice_traces(started.dir, run_dir, windows[0][0], windows[-1][1])

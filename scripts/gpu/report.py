@@ -22,6 +22,8 @@ import math
 import statistics
 from pathlib import Path
 
+import hostcpu
+
 # (key in vllm bench serve's result, label, higher is better)
 METRICS = [
     ("total_token_throughput", "total tok/s", True),
@@ -50,6 +52,13 @@ SCHED_ROWS = [
     ("ranges_max", "tagma ranges/request (max)"),
 ]
 PLOTTED_SCHED = ("engine_tok_s", "sched_us_tok", "kv_us_tok")
+# hostcpu.cores() keys: CPU time over the main run, in cores.
+HOST_ROWS = [
+    ("client_cores", "bench client CPU, cores (main run)"),
+    ("api_cores", "API servers CPU, cores (together)"),
+    ("api_max_cores", "busiest API server CPU, cores"),
+    ("engine_cores", "engine core CPU, cores"),
+]
 # The bar: throughput >= 1.00, p99 TTFT and TPOT <= 1.00.
 GOALS = {"total_token_throughput": 1.0, "p99_ttft_ms": 1.0, "p99_tpot_ms": 1.0}
 
@@ -293,6 +302,16 @@ def workload_rows(paged: list[dict], tagma: list[dict], name: str) -> list[dict]
         + [
             (key, label, None, lambda r, k=key: r["sched"].get(k), False)
             for key, label in SCHED_ROWS
+        ]
+        + [
+            (
+                key,
+                label,
+                None,
+                lambda r, k=key: hostcpu.cores(r.get("host_cpu")).get(k),
+                False,
+            )
+            for key, label in HOST_ROWS
         ]
     )
     rows = []

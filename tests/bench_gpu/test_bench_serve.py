@@ -207,6 +207,41 @@ def test_resident_servers_start_once_and_take_turns(fake_bundle, gpu_path, tmp_p
         in (out / "report.md").read_text()
     )
     assert json.loads((out / "meta.json").read_text())["resident"] is True
+    # Each run starts from an empty prefix cache, as on a server of its own:
+    # one reset before each of a server's runs (the route needs dev mode).
+    for backend, n in (("paged", 3), ("tagma", 2)):
+        log = (suite / f"server-{backend}" / "server.log").read_text()
+        assert log.count("fake vllm: prefix cache reset") == n
+    assert all(run["prefix_cache_reset"] for run in runs.values())
+
+
+def test_resident_reset_failure_stops_the_suite(fake_bundle, gpu_path, tmp_path):
+    # tagma's reset runs validate(); a broken invariant answers 500.
+    r, out = _bench_1b(
+        fake_bundle, gpu_path, tmp_path, "--resident",
+        env={"FAKE_VLLM_RESET_FAILS": "1"},
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert "POST /reset_prefix_cache answered 500" in r.stderr
+    assert "block 7 has ref_cnt 1" in r.stderr
+    assert not list((out / "1b-host").glob("run*/run.json"))
+
+
+def test_runs_record_the_processes_cpu_time(fake_bundle, gpu_path, tmp_path):
+    r, out = _bench_1b(fake_bundle, gpu_path, tmp_path, "--order", "AB")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for run in ("run1-paged", "run2-tagma"):
+        res = json.loads((out / "1b-host" / run / "run.json").read_text())
+        for wl in res["results"]:
+            cpu = wl["host_cpu"]
+            assert 0 < cpu["window_s"] <= wl["window"][1] - wl["window"][0]
+            assert cpu["client_s"] >= 0
+            # The fake server is one process, the group's leader.
+            assert list(cpu["server_s"]) == ["vllm serve"]
+            assert cpu["server_s"]["vllm serve"] >= 0
+    report = (out / "report.md").read_text()
+    assert "| bench client CPU, cores (main run) |" in report
+    assert "| API servers CPU, cores (together) |" in report
 
 
 def test_resident_gate_mismatch_stops_before_any_run(fake_bundle, gpu_path, tmp_path):

@@ -108,6 +108,9 @@ def serve(argv):
             if self.path == "/v1/completions" and body.get("stream"):
                 return self.stream(body)
             if self.path == "/reset_prefix_cache":
+                if os.environ.get("VLLM_SERVER_DEV_MODE") != "1":
+                    return self.reply(404, "")  # as vLLM: a dev-mode route
+                print("fake vllm: prefix cache reset", flush=True)
                 if os.environ.get("FAKE_VLLM_RESET_FAILS"):
                     return self.reply(500, '{"error": "tagma: block 7 has ref_cnt 1"}')
                 return self.reply(200, json.dumps({"success": state["open"] == 0}))
