@@ -30,8 +30,9 @@ dev mode), so the run computes its prompts as on a server of its own.
 
 Per run: server.log, <workload>.json (vllm bench serve's result + what this
 script measured: the main run's CPU time per process, hostcpu.py), gate.json,
-profile.json, sched-*.tsv (scheduler-thread timing, scripts/gpu/hook). Then report.py writes report.md and plots;
-`report.py --out DIR PASS1 PASS2` pools the runs of several invocations.
+profile.json, sched-*.tsv (scheduler-thread timing, scripts/gpu/hook). Then
+report.py writes report.md and plots; `report.py --out DIR PASS1 PASS2` pools
+the runs of several invocations.
 """
 
 from __future__ import annotations
