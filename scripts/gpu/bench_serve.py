@@ -21,7 +21,7 @@ several GPUs, suites that fit run side by side, one GPU each.
 `--resident` starts each backend's server once per suite instead, both side by
 side on the suite's GPU(s) at RESIDENT_GPU_SHARE of the memory each (gate at
 start), and the runs of --order take turns between them: no start between
-runs, so a session fits more pairs (aABBABAAB), and the two backends' runs are
+runs, so a session fits more pairs (abABBABAAB), and the two backends' runs are
 seconds apart on the same host. The idle server holds memory, not the GPU or
 the host; a run's folder gets its slice of its server's scheduler trace, so the
 report reads it as any other (server.log and gate.json are in server-<backend>/).
