@@ -682,7 +682,7 @@ def run_bench(
 
 
 # The per-request lists tail.py reads; the rest (generated texts) is dropped.
-DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "errors")
+DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
 
 
 def _round_s(x: Any) -> Any:

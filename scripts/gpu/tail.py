@@ -29,6 +29,7 @@ tail.json and tail.png into OUT (default DIR).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import statistics
@@ -219,7 +220,39 @@ def client_side(run_dir: Path, workload: str) -> dict:
         "client_itl_p99_ms": _pct(itls, 0.99) if itls else math.nan,
         "tokens_per_chunk": tokens / chunks if chunks else math.nan,
         "ttfts_ms": [x * 1e3 for x in bench.get("ttfts", [])],
+        "arrivals_s": arrivals(bench),
     }
+
+
+def arrivals(bench: dict) -> list[float]:
+    """When the client got each chunk, in seconds from its first request's
+    send (bench_serve keeps the send times from 2026-12-06 on; empty for
+    results without them)."""
+    starts = bench.get("start_times") or []
+    if not starts:
+        return []
+    t0 = min(starts)
+    out = []
+    for start, ttft, itl in zip(starts, bench["ttfts"], bench["itls"], strict=True):
+        if not ttft:
+            continue  # a failed request
+        t = start - t0 + ttft
+        out.append(t)
+        for x in itl:
+            t += x
+            out.append(t)
+    return sorted(out)
+
+
+def front_end_lag(arrivals_s: list[float], engine_end_s: float) -> dict:
+    """How far the front end (API servers and client) fell behind the
+    engine: the client's last chunk after the engine's last step, and the
+    chunks it got after that step (both clocks from the main run's start:
+    the bench sends its first request as it prints the mark)."""
+    if not arrivals_s:
+        return {"client_lag_s": math.nan, "chunks_after_engine": math.nan}
+    late = len(arrivals_s) - bisect.bisect_right(arrivals_s, engine_end_s)
+    return {"client_lag_s": arrivals_s[-1] - engine_end_s, "chunks_after_engine": late}
 
 
 def ttft_split(steps: list[dict], ttfts_ms: list[float]) -> dict:
@@ -302,6 +335,8 @@ ROWS = [
     ("steps_with_waiting", "steps that left requests waiting", "{:.0f}"),
     ("engine_ttft_bound_ms", "engine-side TTFT bound ms (no queue)", "{:.1f}"),
     ("client_ttft_above_bound", "client TTFTs above that bound", "{:.0f}"),
+    ("client_lag_s", "client's last chunk after the engine's last step, s", "{:.2f}"),
+    ("chunks_after_engine", "chunks the client got after that step", "{:.0f}"),
 ]
 
 
@@ -317,6 +352,7 @@ def main() -> int:
     # (suite, workload) -> backend -> [(run name, steps)]
     runs: dict[tuple[str, str], dict[str, list[tuple[str, list[dict]]]]] = {}
     clients: dict[tuple[str, str], dict] = {}
+    engine_ends: dict[tuple[str, str], float] = {}  # s from the main run's start
     for run_json in sorted(top.glob("*/run*/run.json")):
         run = json.loads(run_json.read_text())
         if run.get("warmup"):
@@ -332,6 +368,10 @@ def main() -> int:
                 )
                 clients[(run_json.parent.name, r["workload"])] = client_side(
                     run_json.parent, r["workload"]
+                )
+                start = r.get("main_window", r["window"])[0]
+                engine_ends[(run_json.parent.name, r["workload"])] = (
+                    max(x["end_ns"] for x in steps) / 1e9 - start
                 )
     if not runs:
         print(f"no runs with C rows under {top}", file=sys.stderr)
@@ -351,7 +391,9 @@ def main() -> int:
                 row = summarize(steps, model)
                 client = clients[(name, workload)]
                 ttfts = client.pop("ttfts_ms")
+                got = client.pop("arrivals_s")
                 row.update(client, **ttft_split(steps, ttfts))
+                row.update(front_end_lag(got, engine_ends[(name, workload)]))
                 cols.append((f"{backend} {name}", row))
         summary[f"{suite}/{workload}"] = {
             "runs": dict(cols),

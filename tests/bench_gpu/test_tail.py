@@ -123,7 +123,12 @@ def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
     (run / "prefix.bench.json.xz").write_bytes(
         lzma.compress(
             json.dumps(
-                {"ttfts": [0.05, 0.5], "itls": [[0.02], []], "output_lens": [2, 1]}
+                {
+                    "ttfts": [0.05, 0.5],
+                    "itls": [[0.02], []],
+                    "output_lens": [2, 1],
+                    "start_times": [7.0, 7.0],
+                }
             ).encode()
         )
     )
@@ -145,6 +150,14 @@ def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
     assert tagma_run["tokens_per_chunk"] == pytest.approx(1.0)
     assert tagma_run["engine_ttft_bound_ms"] == pytest.approx(160.0)
     assert tagma_run["client_ttft_above_bound"] == 1
+    # Both chunks came within 0.5 s of the first send, long before the
+    # engine's last step: no lag, nothing after it.
+    assert tagma_run["chunks_after_engine"] == 0
+    assert tagma_run["client_lag_s"] < 0
+    assert (
+        "client's last chunk after the engine's last step"
+        in (out / "tail.md").read_text()
+    )
 
 
 def test_a_few_stray_prefix_hits_get_no_cost_of_their_own() -> None:
@@ -242,3 +255,24 @@ def test_host_speed_names_the_run_on_a_slow_host() -> None:
     assert speed["tagma r2"] == pytest.approx(0.25)
     assert speed["paged r3"] == pytest.approx(-0.01)
     assert [r for r, x in speed.items() if x > tail.SLOW_HOST] == ["tagma r2"]
+
+
+def test_front_end_lag_from_the_clients_chunk_times() -> None:
+    bench = {
+        "start_times": [100.0, 100.5, 100.2],
+        "ttfts": [0.1, 0.2, 0.0],  # the third request failed: no chunks
+        "itls": [[0.1, 0.1], [0.3], []],
+    }
+    got = tail.arrivals(bench)
+    assert got == pytest.approx([0.1, 0.2, 0.3, 0.7, 1.0])
+    # The engine's last step 0.5 s into the run: two chunks came after it,
+    # the last 0.5 s later.
+    lag = tail.front_end_lag(got, 0.5)
+    assert lag["client_lag_s"] == pytest.approx(0.5)
+    assert lag["chunks_after_engine"] == 2
+    # A client that kept up gets its last chunk before the step's end mark.
+    assert tail.front_end_lag(got, 1.2)["chunks_after_engine"] == 0
+    # Results without the send times make no claim.
+    assert tail.arrivals({k: v for k, v in bench.items() if k != "start_times"}) == []
+    none = tail.front_end_lag([], 0.5)
+    assert none["client_lag_s"] != none["client_lag_s"]  # NaN
