@@ -623,21 +623,22 @@ def run_bench(
     sampler.start()
     t0 = time.time()
     marks: dict[str, float] = {}
-    cpu0: dict = {}
+    samples: dict[str, tuple] = {}
     bench_log = run_dir / f"{wl.name}.bench.log"
-    client0 = hostcpu.children_cpu()
     with open(bench_log, "w") as out:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
 
-        def at_main_run() -> None:
-            cpu0["client"] = hostcpu.process_cpu(proc.pid)
-            cpu0["server"] = hostcpu.group_cpu(server.proc.pid)
+        def sample(mark: str) -> None:
+            # The processes' CPU and run-queue time at the main run's start
+            # and once the bench prints its result (hostcpu.py).
+            samples[mark] = (
+                hostcpu.process_cpu(proc.pid),
+                hostcpu.group_cpu(server.proc.pid),
+            )
 
-        copier = threading.Thread(
-            target=_copy_marking, args=(proc, out, marks, at_main_run)
-        )
+        copier = threading.Thread(target=_copy_marking, args=(proc, out, marks, sample))
         copier.start()
         while proc.poll() is None:
             if not _alive(server.proc):
@@ -646,8 +647,6 @@ def run_bench(
             time.sleep(0.5)
         copier.join()
     t1 = time.time()
-    server_cpu = hostcpu.group_cpu(server.proc.pid)
-    client_s = hostcpu.children_cpu() - client0
     extra = sampler.finish()
     server.check_alive(wl.name)
     if proc.returncode != 0:
@@ -670,15 +669,28 @@ def run_bench(
         # From the main run's start: the bench's own start-up, single-prompt
         # test and warm-up requests are not the workload.
         out_r["main_window"] = [marks[MAIN_RUN], t1]
-        if cpu0.get("client") is not None:
-            # The main run's CPU time per process (hostcpu.py): which part
-            # of the front end saturates when the client lags the engine.
-            out_r["host_cpu"] = {
-                "window_s": t1 - marks[MAIN_RUN],
-                "client_s": round(client_s - cpu0["client"], 3),
-                "server_s": hostcpu.by_title(cpu0["server"], server_cpu),
-            }
+        if (host := host_cpu(marks, samples)) is not None:
+            out_r["host_cpu"] = host
     return out_r
+
+
+def host_cpu(marks: dict[str, float], samples: dict[str, tuple]) -> dict | None:
+    """The main run's CPU and run-queue seconds per process, from the
+    samples at its two marks: which part of the front end saturates, or
+    starves, when the client lags the engine. None without both marks (a
+    bench that failed) or without /proc."""
+    if set(samples) != {MAIN_RUN, RESULT}:
+        return None
+    (c0, s0), (c1, s1) = samples[MAIN_RUN], samples[RESULT]
+    if c0 is None or c1 is None:
+        return None
+    return {
+        "window_s": round(marks[RESULT] - marks[MAIN_RUN], 3),
+        "client_s": round(c1.cpu_s - c0.cpu_s, 3),
+        "client_wait_s": round(c1.wait_s - c0.wait_s, 3),
+        "server_s": hostcpu.by_title(s0, s1),
+        "server_wait_s": hostcpu.by_title(s0, s1, "wait_s"),
+    }
 
 
 # The per-request lists tail.py reads; the rest (generated texts) is dropped.
@@ -710,16 +722,24 @@ def slim_detailed(path: Path) -> dict:
 MAIN_RUN = "Starting main benchmark run"
 
 
+# The line it prints once the main run is over, before its numbers.
+RESULT = "============ Serving Benchmark Result"
+
+
 def _copy_marking(
-    proc: subprocess.Popen, out, marks: dict[str, float], at_main_run: Callable
+    proc: subprocess.Popen,
+    out,
+    marks: dict[str, float],
+    on_mark: Callable[[str], None],
 ) -> None:
     """Copy the bench's output to its log, noting when the main run starts
-    (and calling at_main_run then)."""
+    and ends (MAIN_RUN, RESULT) and calling on_mark then."""
     assert proc.stdout is not None
     for line in proc.stdout:
-        if line.startswith(MAIN_RUN) and MAIN_RUN not in marks:
-            marks[MAIN_RUN] = time.time()
-            at_main_run()
+        for mark in (MAIN_RUN, RESULT):
+            if line.startswith(mark) and mark not in marks:
+                marks[mark] = time.time()
+                on_mark(mark)
         out.write(line)
         out.flush()
 

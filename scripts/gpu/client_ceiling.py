@@ -120,10 +120,10 @@ def _pin(cpu: int | None) -> list[str]:
 
 
 def _cpu(pid: int) -> float:
-    cpu = hostcpu.process_cpu(pid)
-    if cpu is None:
+    sample = hostcpu.process_cpu(pid)
+    if sample is None:
         raise SystemExit(f"process {pid} is gone (or no /proc here)")
-    return cpu
+    return sample.cpu_s
 
 
 def measure(data: Path, tick: float, prompts: int, port: int) -> dict:

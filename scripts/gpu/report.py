@@ -52,12 +52,16 @@ SCHED_ROWS = [
     ("ranges_max", "tagma ranges/request (max)"),
 ]
 PLOTTED_SCHED = ("engine_tok_s", "sched_us_tok", "kv_us_tok")
-# hostcpu.cores() keys: CPU time over the main run, in cores.
+# hostcpu.cores() keys: CPU time over the main run, in cores, and the time
+# spent runnable without a CPU, per second.
 HOST_ROWS = [
     ("client_cores", "bench client CPU, cores (main run)"),
     ("api_cores", "API servers CPU, cores (together)"),
     ("api_max_cores", "busiest API server CPU, cores"),
     ("engine_cores", "engine core CPU, cores"),
+    ("client_wait", "bench client waiting for a CPU, s per s"),
+    ("api_max_wait", "most-waiting API server, s per s"),
+    ("engine_wait", "engine core waiting for a CPU, s per s"),
 ]
 # The bar: throughput >= 1.00, p99 TTFT and TPOT <= 1.00.
 GOALS = {"total_token_throughput": 1.0, "p99_ttft_ms": 1.0, "p99_tpot_ms": 1.0}

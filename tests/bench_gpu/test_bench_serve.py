@@ -234,14 +234,17 @@ def test_runs_record_the_processes_cpu_time(fake_bundle, gpu_path, tmp_path):
         res = json.loads((out / "1b-host" / run / "run.json").read_text())
         for wl in res["results"]:
             cpu = wl["host_cpu"]
-            assert 0 < cpu["window_s"] <= wl["window"][1] - wl["window"][0]
-            assert cpu["client_s"] >= 0
+            # From the main run's start to the bench's result line.
+            main = wl["main_window"][1] - wl["main_window"][0]
+            assert 0 < cpu["window_s"] <= main
+            assert cpu["client_s"] >= 0 and cpu["client_wait_s"] >= 0
             # The fake server is one process, the group's leader.
-            assert list(cpu["server_s"]) == ["vllm serve"]
+            assert list(cpu["server_s"]) == list(cpu["server_wait_s"]) == ["vllm serve"]
             assert cpu["server_s"]["vllm serve"] >= 0
     report = (out / "report.md").read_text()
     assert "| bench client CPU, cores (main run) |" in report
     assert "| API servers CPU, cores (together) |" in report
+    assert "| most-waiting API server, s per s |" in report
 
 
 def test_resident_gate_mismatch_stops_before_any_run(fake_bundle, gpu_path, tmp_path):

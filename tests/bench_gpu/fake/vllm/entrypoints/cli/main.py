@@ -248,6 +248,7 @@ def bench(argv):
         },
     }
     Path(args.result_dir, args.result_filename).write_text(json.dumps(result))
+    print("============ Serving Benchmark Result ============", flush=True)
     print("Benchmark done", flush=True)
 
 
