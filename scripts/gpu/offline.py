@@ -102,6 +102,28 @@ def host_split(trace_dir: Path, output_tokens: int) -> dict:
     }
 
 
+# vLLM's periodic stats line (every 10 s): the generation rate and the batch.
+STATS = re.compile(r"Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs")
+
+
+def steady_rates(log_text: str) -> dict | None:
+    """The 10-second generation rates a run's engine logged with its batch
+    full (running at 95 % of the largest batch it logged or more): their
+    spread within one run is the host's drift, which no backend causes, and
+    the first thing to read when two runs of one variant disagree."""
+    lines = [(float(r), int(n)) for r, n in STATS.findall(log_text)]
+    if not lines:
+        return None
+    full = max(n for _, n in lines) * 0.95
+    rates = [r for r, n in lines if n >= full]
+    return {
+        "n": len(rates),
+        "min": min(rates),
+        "median": statistics.median(rates),
+        "max": max(rates),
+    }
+
+
 def log(msg: str) -> None:
     print(f"[offline {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -143,11 +165,17 @@ def plot(summary: dict, path: Path) -> None:
     for i, v in enumerate(names):
         vals = summary["variants"][v]["output_tok_s"]
         ax.scatter([i] * len(vals), [x / 1e3 for x in vals], color="C0")
+        # Beside each run, the range of its full-batch 10-s generation rates.
+        runs = [r for r in summary["runs"] if r["variant"] == v]
+        for k, r in enumerate(runs):
+            if st := r.get("steady_gen_tok_s"):
+                x = i + 0.1 + 0.06 * k
+                ax.vlines(x, st["min"] / 1e3, st["max"] / 1e3, color="C2", lw=1)
         med = summary["variants"][v]["median"]
         if med:
             ax.hlines(med / 1e3, i - 0.25, i + 0.25, color="C1")
     ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("output K tok/s")
+    ax.set_ylabel("output K tok/s (lines: a run's 10-s rates)")
     workload = summary.get("workload", [])
     prompts = "?"
     if "--num-prompts" in workload:
@@ -258,7 +286,15 @@ def main() -> int:
             log(f"{name} #{i}: no 'output tokens/s' in its log")
             return 1
         tok_s = float(m.group(1))
-        log(f"{name} #{i}: {tok_s:,.0f} output tok/s")
+        steady = steady_rates(text)
+        log(
+            f"{name} #{i}: {tok_s:,.0f} output tok/s"
+            + (
+                f"; full-batch 10-s rates {steady['min']:,.0f}–{steady['max']:,.0f}"
+                if steady
+                else ""
+            )
+        )
         host = {}
         if args.trace:
             host = host_split(steps_dir, round(tok_s * data["elapsed_time"]))
@@ -277,6 +313,7 @@ def main() -> int:
                 "elapsed_s": data["elapsed_time"],
                 "wall_s": round(time.monotonic() - t0, 1),
             }
+            | ({"steady_gen_tok_s": steady} if steady else {})
             | ({"host": host} if host else {})
         )
     summary = summarize(runs, variants)

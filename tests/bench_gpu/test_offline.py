@@ -85,7 +85,35 @@ def test_variants_run_mirrored_with_a_warmup_left_out(fake_bundle, tmp_path):
     assert v["paged"]["ratio_to_paged-stock"] == pytest.approx(1 / 3)
     assert v["tagma"]["ratio_to_paged-stock"] == pytest.approx(2 / 3)
     assert (out / "paged-stock-warmup-1.log").exists()
+    # Each run's full-batch 10-s rates (the stand-in logs 0.9x and 1.1x of
+    # its rate with 1,024 and 1,000 running, the ramp and tail left out).
+    tagma = summary["runs"][2]["steady_gen_tok_s"]
+    assert tagma == {"n": 2, "min": 1800.0, "median": 2000.0, "max": 2200.0}
     assert "--num-prompts" in summary["workload"]
+
+
+def test_steady_rates_keep_the_full_batch_lines():
+    line = (
+        "INFO 12-06 20:20:11 [loggers.py:310] Engine 000: Avg prompt throughput: "
+        "{p} tokens/s, Avg generation throughput: {g} tokens/s, Running: {n} reqs, "
+        "Waiting: 0 reqs, GPU KV cache usage: 31.0%, Prefix cache hit rate: 2.4%"
+    )
+    text = "\n".join(
+        line.format(p=p, g=g, n=n)
+        for p, g, n in [
+            (900.0, 12000.0, 512),  # the ramp
+            (16000.0, 48341.3, 1024),
+            (15000.0, 37822.6, 980),  # 95 % of 1,024 is 972.8: still full
+            (0.0, 9000.0, 300),  # the tail
+        ]
+    )
+    assert offline.steady_rates(text) == {
+        "n": 2,
+        "min": 37822.6,
+        "median": pytest.approx(43081.95),
+        "max": 48341.3,
+    }
+    assert offline.steady_rates("no stats here") is None
 
 
 def test_a_failed_run_stops_with_its_log(fake_bundle, tmp_path):

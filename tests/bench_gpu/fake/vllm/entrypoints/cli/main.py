@@ -265,6 +265,13 @@ def throughput(argv):
     tok_s = 1000.0 * (1 + (args.kv_cache_backend == "tagma"))
     tok_s += 2000.0 * bool(args.kv_cache_manager_cls)
     elapsed = args.num_prompts * 256 / tok_s
+    # vLLM's 10-second stats lines: the ramp, two with the batch full, the tail.
+    for rate, running in ((0.2, 300), (0.9, 1024), (1.1, 1000), (0.5, 200)):
+        print(
+            "INFO [loggers.py:310] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+            f"Avg generation throughput: {rate * tok_s:.1f} tokens/s, "
+            f"Running: {running} reqs, Waiting: 0 reqs, GPU KV cache usage: 30.0%"
+        )
     print(
         f"Throughput: {args.num_prompts / elapsed:.2f} requests/s, "
         f"{3 * tok_s:.2f} total tokens/s, {tok_s:.2f} output tokens/s"
