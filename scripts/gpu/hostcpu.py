@@ -91,9 +91,9 @@ def group_cpu(pgid: int) -> dict[int, Sample]:
 
 
 def process_cpu(pid: int) -> Sample | None:
-    """One live process's Sample (title as the group's leader would get)."""
+    """One live process's Sample, titled by vLLM's title or its program."""
     st = _stat(pid)
-    return Sample(_title(pid, pid), st[1], _wait(pid)) if st else None
+    return Sample(_title(pid, pgid=0), st[1], _wait(pid)) if st else None
 
 
 def by_title(

@@ -64,6 +64,9 @@ def test_group_cpu_titles_times_and_waits_of_the_group():
         assert waited[name] > 0.2
     assert spent["APIServer_0"] + spent["APIServer_1"] < 1.1
     assert spent["vllm serve"] < 0.1 and waited["vllm serve"] < 0.1
+    # One process alone: a program that is no group's leader keeps its name.
+    me = hostcpu.process_cpu(os.getpid())
+    assert me is not None and me.title.startswith("python") and me.cpu_s > 0
     # Only the group: not this process, which started it.
     assert os.getpid() not in snap1 and len(snap1) == 3
 
