@@ -308,6 +308,17 @@ SUITES = {
             [HOST_BURST],
             server_args=HOST_API4,
         ),
+        # The same burst with eight API servers: with four, the front end
+        # delivered tagma's engine rate seconds late in three of four runs
+        # (results/serve-h200-0.26.0/1b-burst-api4-resident-stock); run
+        # beside 1b-burst-api4, this says whether four were the ceiling.
+        Suite(
+            "1b-burst-api8",
+            "llama-3.2-1b",
+            4096,
+            [HOST_BURST],
+            server_args=["--max-num-seqs", "1024", "--api-server-count", "8"],
+        ),
         # The Poisson workload alone: its medians differ between the backends
         # by less than the host drifts between runs (docs/itl-tail.md), so it
         # needs more runs than fit a device session beside the burst (about

@@ -454,3 +454,16 @@ def test_detailed_results_keep_what_tail_reads(tmp_path):
         "itls": [[0.00312, 0.004], []],
         "output_lens": [3, 1],
     }
+
+
+def test_the_api8_burst_differs_from_the_api4_burst_only_in_api_servers():
+    four, eight = (
+        bench_serve.SUITES["1b-burst-api4"],
+        bench_serve.SUITES["1b-burst-api8"],
+    )
+    assert eight.workloads == four.workloads
+    assert (eight.model, eight.max_model_len) == (four.model, four.max_model_len)
+    a4, a8 = list(four.server_args), list(eight.server_args)
+    i = a4.index("--api-server-count")
+    assert (a4[i + 1], a8[i + 1]) == ("4", "8")
+    assert a4[: i + 1] == a8[: i + 1] and a4[i + 2 :] == a8[i + 2 :]
