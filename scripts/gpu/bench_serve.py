@@ -635,6 +635,7 @@ def run_bench(
     t0 = time.time()
     marks: dict[str, float] = {}
     samples: dict[str, tuple] = {}
+    log_start = server.log.stat().st_size
     bench_log = run_dir / f"{wl.name}.bench.log"
     with open(bench_log, "w") as out:
         proc = subprocess.Popen(
@@ -658,6 +659,7 @@ def run_bench(
             time.sleep(0.5)
         copier.join()
     t1 = time.time()
+    per_api_server = requests_per_api_server(server.log, log_start)
     extra = sampler.finish()
     server.check_alive(wl.name)
     if proc.returncode != 0:
@@ -674,6 +676,7 @@ def run_bench(
         "window": [t0, t1],
         "warmups": wl.warmups,
         "bench": result,
+        "api_server_requests": per_api_server,
         **extra,
     }
     if MAIN_RUN in marks:
@@ -683,6 +686,34 @@ def run_bench(
         if (host := host_cpu(marks, samples)) is not None:
             out_r["host_cpu"] = host
     return out_r
+
+
+# uvicorn's access-log line for a completion, after vLLM's "(ApiServer_<i>
+# pid=...)" prefix. vLLM writes a prefix and its line separately, so lines
+# of several processes can run together ("(ApiServer_3 ...) (ApiServer_2
+# ...) INFO: ..."; about 1 % of the lines at 1,024 requests at once): the
+# prefix next to the line is taken as its own, and a line with none counts
+# as "?".
+_COMPLETION = '"POST /v1/completions HTTP/1.1"'
+_API_SERVER = re.compile(r"ApiServer_(\d+)")
+
+
+def requests_per_api_server(log: Path, start: int) -> dict[str, int]:
+    """Completion requests each API server took in a server log from byte
+    `start` on (a run's share of a resident server's log). The processes
+    share one listening socket, and whichever is ready first accepts a
+    burst's connections, so the shares can be far from even; the busiest
+    server then bounds what the client sees."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if _COMPLETION in line:
+            tags = _API_SERVER.findall(line.split("INFO:")[0])
+            key = tags[-1] if tags else "?"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def host_cpu(marks: dict[str, float], samples: dict[str, tuple]) -> dict | None:

@@ -281,6 +281,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return b / a if a and b is not None else None
 
 
+def busiest_share(per_server: dict[str, int] | None) -> float | None:
+    """The largest share of a run's completion requests one API server took
+    (of those whose server the log names); None with one API server or no
+    record."""
+    named = {k: n for k, n in (per_server or {}).items() if k != "?"}
+    if len(named) < 2:
+        return None
+    return max(named.values()) / sum(named.values())
+
+
 def workload_rows(paged: list[dict], tagma: list[dict], name: str) -> list[dict]:
     def values(runs: list[dict], get) -> list[float]:
         out = []
@@ -301,6 +311,11 @@ def workload_rows(paged: list[dict], tagma: list[dict], name: str) -> list[dict]
             for key, label, get in [
                 ("peak_kv_usage", "peak KV usage", lambda r: r.get("peak_kv_usage")),
                 ("preemptions", "preemptions", lambda r: r.get("preemptions")),
+                (
+                    "api_max_share",
+                    "busiest API server's share of requests",
+                    lambda r: busiest_share(r.get("api_server_requests")),
+                ),
             ]
         ]
         + [

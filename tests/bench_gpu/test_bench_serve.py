@@ -25,6 +25,7 @@ sys.path.insert(0, str(GPU))
 
 import bench_serve  # noqa: E402
 import profile_trace  # noqa: E402
+import report as report_mod  # noqa: E402
 
 
 def _bench(
@@ -213,6 +214,10 @@ def test_resident_servers_start_once_and_take_turns(fake_bundle, gpu_path, tmp_p
         log = (suite / f"server-{backend}" / "server.log").read_text()
         assert log.count("fake vllm: prefix cache reset") == n
     assert all(run["prefix_cache_reset"] for run in runs.values())
+    # A run counts its own requests only, not those of the server's earlier
+    # runs in the same log.
+    for run in runs.values():
+        assert run["results"][0]["api_server_requests"] == {"0": 3, "1": 1}
 
 
 def test_resident_reset_failure_stops_the_suite(fake_bundle, gpu_path, tmp_path):
@@ -241,7 +246,10 @@ def test_runs_record_the_processes_cpu_time(fake_bundle, gpu_path, tmp_path):
             # The fake server is one process, the group's leader.
             assert list(cpu["server_s"]) == list(cpu["server_wait_s"]) == ["vllm serve"]
             assert cpu["server_s"]["vllm serve"] >= 0
+            # The stand-in bench's four requests: three on server 0.
+            assert wl["api_server_requests"] == {"0": 3, "1": 1}
     report = (out / "report.md").read_text()
+    assert "| busiest API server's share of requests | 0.75 | 0.75 | 1.000 |" in report
     assert "| bench client CPU, cores (main run) |" in report
     assert "| API servers CPU, cores (together) |" in report
     assert "| most-waiting API server, s per s |" in report
@@ -467,3 +475,28 @@ def test_the_api8_burst_differs_from_the_api4_burst_only_in_api_servers():
     i = a4.index("--api-server-count")
     assert (a4[i + 1], a8[i + 1]) == ("4", "8")
     assert a4[: i + 1] == a8[: i + 1] and a4[i + 2 :] == a8[i + 2 :]
+
+
+def test_requests_per_api_server_reads_the_run_s_part_of_the_log(tmp_path):
+    log = tmp_path / "server.log"
+    access = '"POST /v1/completions HTTP/1.1" 200 OK'
+    earlier = f"(ApiServer_2 pid=9) INFO:     127.0.0.1:1 - {access}\n"
+    log.write_text(earlier)
+    start = log.stat().st_size
+    with open(log, "a") as f:
+        f.write(
+            f"(ApiServer_0 pid=7) INFO:     127.0.0.1:2 - {access}\n"
+            # Two processes' writes run together: the prefix next to the
+            # line is its own.
+            f"(ApiServer_3 pid=10) (ApiServer_1 pid=8) INFO:     127.0.0.1:3 - "
+            f"{access}\n"
+            # The prefix went to another line: no server named.
+            f"INFO:     127.0.0.1:4 - {access}\n"
+            '(ApiServer_0 pid=7) INFO:     127.0.0.1:5 - "GET /metrics HTTP/1.1"\n'
+        )
+    counts = bench_serve.requests_per_api_server(log, start)
+    assert counts == {"0": 1, "1": 1, "?": 1}
+    assert bench_serve.requests_per_api_server(log, 0)["2"] == 1
+    assert report_mod.busiest_share({"0": 3, "1": 1, "?": 5}) == 0.75
+    assert report_mod.busiest_share({"?": 4}) is None
+    assert report_mod.busiest_share(None) is None

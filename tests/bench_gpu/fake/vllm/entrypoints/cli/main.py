@@ -115,6 +115,16 @@ def serve(argv):
                     return self.reply(500, '{"error": "tagma: block 7 has ref_cnt 1"}')
                 return self.reply(200, json.dumps({"success": state["open"] == 0}))
             if self.path == "/v1/completions":
+                # uvicorn's access line as vLLM's API servers log it; the
+                # stand-in bench's prompts "b<k>" land on server 1 for k = 3,
+                # on server 0 otherwise (a skewed spread, as a burst gets).
+                prompt = body["prompt"][0] if body.get("prompt") else ""
+                tag = 1 if prompt == "b3" else 0
+                print(
+                    f"(ApiServer_{tag} pid={os.getpid()}) INFO:     127.0.0.1:5 - "
+                    '"POST /v1/completions HTTP/1.1" 200 OK',
+                    flush=True,
+                )
                 state["completions"] += 1
                 shift = (
                     1
@@ -234,6 +244,14 @@ def bench(argv):
     if args.profile:
         urllib.request.urlopen(urllib.request.Request(base + "/start_profile", b"{}"))
     urllib.request.urlopen(base + "/metrics").read()
+    for k in range(4):  # a few of the run's requests
+        urllib.request.urlopen(
+            urllib.request.Request(
+                base + "/v1/completions",
+                json.dumps({"prompt": [f"b{k}"], "max_tokens": 1}).encode(),
+                {"Content-Type": "application/json"},
+            )
+        ).read()
     if args.profile:
         urllib.request.urlopen(urllib.request.Request(base + "/stop_profile", b"{}"))
     result = {
