@@ -112,7 +112,8 @@ lint: $(TOOLS) ## ruff + mypy over the tooling and tests
 	$(PY) -m mypy scripts/tagma_fork scripts/gpu
 
 STACK_MODULES := vllm/config/kv_cache_backend.py vllm/v1/core/tagma_kv_cache_manager.py \
-                 vllm/v1/worker/gpu/tagma_block_table.py vllm/tagma/__init__.py
+                 vllm/v1/worker/gpu/tagma_block_table.py vllm/tagma/__init__.py \
+                 vllm/entrypoints/api_server_listener.py
 
 lint-stack: ## ruff + mypy over the stack's new vLLM modules (in build/vllm-<v>/tree)
 	cd $(PIN_BUILD)/tree && $(abspath $(PY)) -m ruff check $(STACK_MODULES) && \

@@ -36,6 +36,7 @@ DEFAULT_SUITES = (
     "tests/config/test_kv_cache_backend.py",
     "tests/v1/worker/gpu/test_tagma_block_table.py",
     "tests/v1/worker/test_block_tables_plugin.py",
+    "tests/entrypoints/test_api_server_listener.py",
 )
 
 
