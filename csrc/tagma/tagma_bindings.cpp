@@ -732,6 +732,14 @@ struct BlockState {
 
   uint32_t size() const { return static_cast<uint32_t>(ref_cnt.size()); }
 
+  // Drops block id's key (eviction): no hash, no token count.
+  void drop_hash(uint32_t id) {
+    PyObject* old = hash[id];
+    hash[id] = nullptr;
+    hash_tokens[id] = kNoTokens;
+    Py_XDECREF(old);
+  }
+
   RawVector<int32_t> ref_cnt;
   RawVector<PyObject*> hash;  // owned; nullptr: no hash
   RawVector<int64_t> hash_tokens;
@@ -908,11 +916,7 @@ PyObject* Block_set_block_hash(PyObject* self, PyObject* args, PyObject* kwds) {
 PyObject* Block_reset_hash(PyObject* self, PyObject*) {
   BlockState* st = live(self);
   if (st == nullptr) return nullptr;
-  const uint32_t id = as_block(self)->id;
-  PyObject* old = st->hash[id];
-  st->hash[id] = nullptr;
-  st->hash_tokens[id] = BlockState::kNoTokens;
-  Py_XDECREF(old);
+  st->drop_hash(as_block(self)->id);
   Py_RETURN_NONE;
 }
 
@@ -1425,9 +1429,7 @@ PyObject* Blocks_evict(PyObject* self, PyObject* const* args,
       if (PyDict_Contains(entry, id_obj) > 0) PyDict_DelItem(entry, id_obj);
       if (PyDict_Size(entry) == 0) PyDict_DelItem(entries, key);
     }
-    st.hash[id] = nullptr;
-    st.hash_tokens[id] = BlockState::kNoTokens;
-    Py_DECREF(key);
+    st.drop_hash(id);
   }
   return ids;
 }

@@ -973,25 +973,34 @@ def slice_traces(server_dir: Path, run_dir: Path, t0: float, t1: float) -> None:
         (run_dir / tsv.name).write_text("".join(f"{line}\n" for line in rows))
 
 
+def post_reset_prefix_cache(url: str, timeout: float = 300) -> tuple[int, str]:
+    """POST /reset_prefix_cache (a route of vLLM's dev mode): the HTTP status
+    and body. Under tagma the reset first runs the manager's validate() and
+    answers 500 on a broken invariant."""
+    req = urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
 def reset_prefix_cache(server: Server, tries: int = 10) -> None:
     """Empty a resident server's prefix cache before a run: the suites send
     the same prompts every run, which a server of its own computes in full
     and a resident one would find cached (1b-burst-api4: 112 of each
     prompt's 128 tokens). vLLM answers success false while blocks are still
-    held (a request finishing), so it is asked again; tagma's reset also
-    runs the manager's validate(), which answers 500 on a broken invariant."""
+    held (a request finishing), so it is asked again."""
     for _ in range(tries):
-        try:
-            resp = _post(server.url + "/reset_prefix_cache", {}, timeout=120)
-        except urllib.error.HTTPError as e:
+        status, body = post_reset_prefix_cache(server.url, timeout=120)
+        if status != 200:
             raise BenchError(
-                f"POST /reset_prefix_cache answered {e.code}: "
-                f"{e.read().decode(errors='replace')[:500]}"
-            ) from e
-        if resp.get("success"):
+                f"POST /reset_prefix_cache answered {status}: {body[:500]}"
+            )
+        if json.loads(body).get("success"):
             return
         time.sleep(1)
-    raise BenchError(f"the prefix cache would not reset in {tries} tries: {resp}")
+    raise BenchError(f"the prefix cache would not reset in {tries} tries: {body}")
 
 
 def run_resident(

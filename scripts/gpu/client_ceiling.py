@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import hostcpu  # noqa: E402
+from bench_serve import MAIN_RUN, RESULT  # noqa: E402
 
 
 def _chunk(payload: str) -> bytes:
@@ -153,18 +154,16 @@ def measure(data: Path, tick: float, prompts: int, port: int) -> dict:
         lines, at = [], {}
         for line in bench.stdout:
             lines.append(line)
-            mark = (
-                "start" if line.startswith("Starting main benchmark run") else
-                "end" if line.startswith("Benchmark duration") else None
-            )  # fmt: skip
-            if mark and mark not in at:
-                at[mark] = (time.time(), _cpu(bench.pid), _cpu(stand_in.pid))
+            # The main run, as bench_serve.py marks it in the bench's output.
+            for mark in (MAIN_RUN, RESULT):
+                if line.startswith(mark) and mark not in at:
+                    at[mark] = (time.time(), _cpu(bench.pid), _cpu(stand_in.pid))
         bench.wait()
     finally:
         stand_in.kill()
         stand_in.wait()
     text = "".join(lines)
-    if bench.returncode != 0 or set(at) != {"start", "end"}:
+    if bench.returncode != 0 or set(at) != {MAIN_RUN, RESULT}:
         raise SystemExit(f"vllm bench serve failed (exit {bench.returncode}):\n{text}")
 
     def field(label: str) -> float:
@@ -173,7 +172,7 @@ def measure(data: Path, tick: float, prompts: int, port: int) -> dict:
             raise SystemExit(f"no {label!r} in the bench's output:\n{text}")
         return float(m.group(1))
 
-    (t0, c0, s0), (t1, c1, s1) = at["start"], at["end"]
+    (t0, c0, s0), (t1, c1, s1) = at[MAIN_RUN], at[RESULT]
     return {
         "tick_s": tick,
         "prompts": prompts,

@@ -259,14 +259,8 @@ def wait_idle(url: str, timeout: float) -> dict:
 
 
 def reset_prefix_cache(url: str) -> dict:
-    conn = _connect(url, timeout=300)
-    try:
-        conn.request("POST", "/reset_prefix_cache")
-        resp = conn.getresponse()
-        text = resp.read().decode(errors="replace")
-    finally:
-        conn.close()
-    return {"http_status": resp.status, "body": text[:2000]}
+    status, body = bench_serve.post_reset_prefix_cache(url)
+    return {"http_status": status, "body": body[:2000]}
 
 
 def log_errors(log_text: str) -> list[str]:
