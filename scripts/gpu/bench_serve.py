@@ -17,6 +17,10 @@ the report leaves out: the first server on a fresh host runs slower. With
 several GPUs, suites that fit run side by side, one GPU each.
 `--baseline paged-stock` makes A paged with vLLM's KV manager as released
 (scripts/bench/ablation.py's StockKVCacheManager) instead of the series'.
+`--shared-socket` makes every server's API servers accept from the one
+listening socket they inherit, as vLLM as released does, instead of a socket
+each (the series' frontend-api-server-own-listener patch; both backends):
+a set with it and one without, back to back, measure that patch.
 
 `--resident` starts each backend's server once per suite instead, both side by
 side on the suite's GPU(s) at RESIDENT_GPU_SHARE of the memory each (gate at
@@ -1170,6 +1174,13 @@ def main() -> int:
         help="what A runs: the series' paged, or paged with vLLM's KV manager "
         "as released (paged-stock)",
     )
+    parser.add_argument(
+        "--shared-socket",
+        action="store_true",
+        help="API servers accept from one shared listening socket, as vLLM as "
+        "released does, not one each (both backends): to measure the series' "
+        "listener patch against a set without this flag",
+    )
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
 
@@ -1224,11 +1235,14 @@ def main() -> int:
         # vLLM's symm-mem all-reduce would probe multicast at TP>1; NCCL and
         # the custom all-reduce (CUDA IPC) carry TP=2 without it.
         "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+        # The hook keeps each API server on the inherited socket.
+        **({"TAGMA_BENCH_SHARED_SOCKET": "1"} if args.shared_socket else {}),
     }
     errors: list[str] = []
     meta = {
         "order": args.order,
         "baseline": args.baseline,
+        "shared_socket": args.shared_socket,
         "resident": args.resident,
         "gpus": shown,
         "skipped": skipped,

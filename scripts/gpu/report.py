@@ -218,6 +218,11 @@ def _meta_lines(folders: list[Path]) -> list[str]:
         raise ValueError(
             "cannot pool runs of different baselines: " + ", ".join(sorted(baselines))
         )
+    if len({bool(m.get("shared_socket")) for m in metas if m}) > 1:
+        raise ValueError(
+            "cannot pool runs with and without --shared-socket (the API servers' "
+            "listening sockets differ)"
+        )
     lines = []
     if stacks:
         lines.append(f"- stack: {stacks.pop()}")
@@ -233,6 +238,11 @@ def _meta_lines(folders: list[Path]) -> list[str]:
                 f"started {meta.get('started')}, wall {meta.get('wall_s')} s"
             ),
         ]
+        if meta.get("shared_socket"):
+            lines.append(
+                f"{head}API servers on one shared listening socket, as vLLM as "
+                "released (--shared-socket)"
+            )
         if meta.get("finished") is False:
             lines.append(
                 f"{head}**the run did not finish**: runs without run.json are left out"

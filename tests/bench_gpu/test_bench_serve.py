@@ -162,6 +162,36 @@ def test_paged_stock_baseline_runs_vllms_manager_as_released(
     assert "cannot pool runs of different baselines" in pooled.stderr
 
 
+def test_shared_socket_reaches_every_server_and_is_not_pooled(
+    fake_bundle, gpu_path, tmp_path
+):
+    r, out = _bench_1b(
+        fake_bundle, gpu_path, tmp_path, "--shared-socket", "--order", "AB"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    for run in ("run1-paged", "run2-tagma"):
+        log = (out / "1b-host" / run / "server.log").read_text()
+        assert "API servers on the inherited socket" in log
+    assert json.loads((out / "meta.json").read_text())["shared_socket"] is True
+    assert (
+        "API servers on one shared listening socket" in (out / "report.md").read_text()
+    )
+    r2, out2 = _bench_1b(fake_bundle, gpu_path, tmp_path / "b", "--order", "AB")
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert (
+        "API servers on the inherited socket"
+        not in (out2 / "1b-host/run1-paged/server.log").read_text()
+    )
+    pooled = subprocess.run(
+        [sys.executable, str(GPU / "report.py"), "--out", str(tmp_path / "pooled"),
+         str(out), str(out2)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert pooled.returncode != 0
+    assert "cannot pool runs with and without --shared-socket" in pooled.stderr
+
+
 def test_resident_servers_start_once_and_take_turns(fake_bundle, gpu_path, tmp_path):
     r, out = _bench_1b(
         fake_bundle, gpu_path, tmp_path, "--resident", "--order", "aABBA"

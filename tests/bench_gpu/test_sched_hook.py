@@ -145,3 +145,38 @@ def test_without_the_variable_nothing_is_traced(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
     )
     assert r.stdout.strip() == "True"
+
+
+LISTENER_PROBE = """
+import socket
+from vllm.entrypoints.api_server_listener import own_listener
+parent = socket.socket()
+parent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+parent.bind(("127.0.0.1", 0))
+address = parent.getsockname()
+mine = own_listener(parent)  # closes the parent's socket when it replaces it
+print(mine is parent, mine.getsockname() == address)
+"""
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_shared_socket_keeps_the_inherited_listener(shared, tmp_path):
+    """bench_serve.py --shared-socket: the patched tree's API-server hook
+    keeps the parent's socket (vLLM as released) instead of binding one of
+    its own at the same address."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts/gpu/hook")}
+    env.pop("TAGMA_SCHED_TRACE", None)
+    env.pop("TAGMA_BENCH_SHARED_SOCKET", None)
+    if shared:
+        env["TAGMA_BENCH_SHARED_SOCKET"] = "1"
+    r = subprocess.run(
+        [_vllm_python(), "-c", LISTENER_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    kept, same_address = r.stdout.split()[-2:]
+    assert kept == str(shared)
+    assert same_address == "True"

@@ -36,6 +36,12 @@ with (tokens), prefill tokens (requests with more than one token scheduled)
 and decode requests. The k-th C row and the k-th S row are the same step;
 the time between consecutive S rows is what a decoding request waited for
 its next token.
+
+TAGMA_BENCH_SHARED_SOCKET=1 (bench_serve.py --shared-socket) makes each API
+server keep the listening socket it inherits, as vLLM as released does,
+instead of the socket of its own that the series' listener patch gives it:
+`own_listener` returns its argument. That patch's own effect is measured as
+one set with it and one without, back to back.
 """
 
 from __future__ import annotations
@@ -219,13 +225,21 @@ def _instrument_executor(module: Any, folder: str) -> None:
     future.result = _timed(future.result, "wait_ns")
 
 
+def _share_socket(module: Any, folder: str) -> None:
+    def keep(inherited: Any) -> Any:
+        return inherited
+
+    module.own_listener = keep
+
+
 TARGETS = {SCHEDULER: _instrument_scheduler, EXECUTOR: _instrument_executor}
+LISTENER = "vllm.entrypoints.api_server_listener"
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, targets: dict[str, Any]) -> None:
         self.folder = folder
-        self.pending = dict(TARGETS)
+        self.pending = dict(targets)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         instrument = self.pending.pop(name, None)
@@ -256,6 +270,9 @@ def _chain() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-if os.environ.get("TAGMA_SCHED_TRACE"):
-    sys.meta_path.insert(0, _Finder(os.environ["TAGMA_SCHED_TRACE"]))
+_targets: dict[str, Any] = dict(TARGETS) if os.environ.get("TAGMA_SCHED_TRACE") else {}
+if os.environ.get("TAGMA_BENCH_SHARED_SOCKET") == "1":
+    _targets[LISTENER] = _share_socket
+if _targets:
+    sys.meta_path.insert(0, _Finder(os.environ.get("TAGMA_SCHED_TRACE", ""), _targets))
 _chain()

@@ -54,6 +54,9 @@ def serve(argv):
         if trace_dir
         else None
     )
+    if os.environ.get("TAGMA_BENCH_SHARED_SOCKET") == "1":
+        # What the harness's hook would do to real API servers, said aloud.
+        print("fake vllm: API servers on the inherited socket", flush=True)
     print("GPU KV cache size: 1,234,560 tokens", flush=True)
     print("Maximum concurrency for 16,384 tokens per request: 75.35x", flush=True)
 
