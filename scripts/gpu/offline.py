@@ -26,6 +26,15 @@ scheduler hook (scripts/gpu/hook): each run's per-step trace goes to
 the engine thread's time went over the run (schedule, update, the KV manager
 inside them, the runner's execute_model and sample_tokens, the wait for
 sampled tokens, the rest of the loop), in µs per step and per output token.
+
+`--resident` keeps one engine per variant up for the whole set instead
+(`offline_worker.py`: an `LLM` built as the bench builds it, all of them on
+the GPU at once, each with an equal share of its memory), and the mirrored
+runs take turns between them, each one `LLM.generate` of the same prompts
+from an emptied prefix cache: no engine start between runs, so runs of
+different variants are seconds apart on the same host, and a host whose
+speed drifts over minutes (as some H200 hosts did) shifts both sides of a
+pair alike. `--warmup` then runs every variant once first.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bundle as bundle_mod  # noqa: E402
+import offline_worker  # noqa: E402
 import report  # noqa: E402
 from tail import HOST_PARTS  # noqa: E402 (S-row columns of the step's parts)
 
@@ -124,6 +135,75 @@ def steady_rates(log_text: str) -> dict | None:
     }
 
 
+# The resident engines share the GPU's memory, as bench_serve.py --resident.
+RESIDENT_MEMORY = 0.88
+
+
+class Worker:
+    """A resident engine for one variant (offline_worker.py), its output
+    copied to `log_path`."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log = open(log_path, "w")  # noqa: SIM115 (closed in close())
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+
+    def _until(self, marker: str) -> str | None:
+        """The rest of the first line that starts with `marker`, or None
+        once the worker has exited without one."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.write(line)
+            if line.startswith(marker):
+                return line[len(marker) :].strip()
+        self.log.flush()
+        return None
+
+    def ready(self) -> bool:
+        return self._until(offline_worker.READY) is not None
+
+    def run(self) -> dict | None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write("run\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return None
+        line = self._until(offline_worker.RESULT)
+        return json.loads(line) if line is not None else None
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        # The engine's shutdown lines, read aside: a process it left behind
+        # could hold the pipe open past the worker's exit.
+        stdout = self.proc.stdout
+        drain = threading.Thread(
+            target=lambda: self.log.writelines(stdout), daemon=True
+        )
+        drain.start()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        drain.join(timeout=10)
+        if not drain.is_alive():
+            self.log.close()
+
+
 def log(msg: str) -> None:
     print(f"[offline {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -180,10 +260,79 @@ def plot(summary: dict, path: Path) -> None:
     prompts = "?"
     if "--num-prompts" in workload:
         prompts = f"{int(workload[workload.index('--num-prompts') + 1]):,}"
-    ax.set_title(f"vllm bench throughput, 1B shape, 128/256, {prompts} prompts")
+    how = "resident engines" if summary.get("resident") else "vllm bench throughput"
+    ax.set_title(f"{how}, 1B shape, 128/256, {prompts} prompts")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def resident_runs(
+    args: argparse.Namespace,
+    variants: list[str],
+    plan: list[str],
+    model: Path,
+    env: dict[str, str],
+    out: Path,
+) -> list[dict] | None:
+    """`--resident`: the plan's runs on one engine per variant, all up at
+    once; None (and the log's tail printed) if an engine fails."""
+    share = round(min(0.44, RESIDENT_MEMORY / len(variants)), 2)
+    workers: dict[str, Worker] = {}
+    runs: list[dict] = []
+    seen: dict[str, int] = {}
+    try:
+        for variant in variants:
+            log(f"starting the {variant} engine (memory share {share})")
+            t0 = time.monotonic()
+            cmd = [
+                sys.executable,
+                str(HERE / "offline_worker.py"),
+                "--model",
+                str(model),
+                "--num-prompts",
+                str(args.num_prompts),
+                "--memory-share",
+                str(share),
+                *VARIANTS[variant],
+            ]
+            worker = workers[variant] = Worker(cmd, env, out / f"engine-{variant}.log")
+            if not worker.ready():
+                _failed(out / f"engine-{variant}.log", f"{variant} engine")
+                return None
+            log(f"{variant} engine ready in {time.monotonic() - t0:.0f} s")
+        for n, name in enumerate(plan, 1):
+            variant = name.removesuffix("-warmup")
+            i = seen[name] = seen.get(name, 0) + 1
+            t0 = time.monotonic()
+            result = workers[variant].run()
+            if result is None:
+                _failed(out / f"engine-{variant}.log", f"{name} #{i}")
+                return None
+            tok_s = result["output_tok_s"]
+            log(f"run {n}/{len(plan)}: {name} #{i}: {tok_s:,.0f} output tok/s")
+            (out / f"{name}-{i}.json").write_text(json.dumps(result, indent=1))
+            if name != variant:
+                continue
+            runs.append(
+                {
+                    "variant": variant,
+                    "run": i,
+                    "output_tok_s": tok_s,
+                    "elapsed_s": result["elapsed_s"],
+                    "wall_s": round(time.monotonic() - t0, 1),
+                }
+            )
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return runs
+
+
+def _failed(log_path: Path, what: str) -> None:
+    tail = log_path.read_text().splitlines()[-25:] if log_path.exists() else []
+    print("\n".join(tail), file=sys.stderr)
+    log(f"{what} failed; its log: {log_path}")
 
 
 def main() -> int:
@@ -211,6 +360,11 @@ def main() -> int:
         help="time the engine thread's parts per step (scripts/gpu/hook)",
     )
     parser.add_argument(
+        "--resident",
+        action="store_true",
+        help="one engine per variant, all up at once; the runs take turns",
+    )
+    parser.add_argument(
         "--plot-only", action="store_true", help="redraw OUT's plot from its summary"
     )
     args = parser.parse_args()
@@ -223,6 +377,8 @@ def main() -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or args.repeats < 1:
         parser.error(f"--variants of {list(VARIANTS)}, --repeats >= 1")
+    if args.resident and args.trace:
+        parser.error("--trace times one engine a run: not with --resident")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     paths = bundle_mod.install(Path(args.bundle), Path(args.dest))
@@ -243,6 +399,13 @@ def main() -> int:
     runs: list[dict] = []
     seen: dict[str, int] = {}
     plan = order(variants, args.repeats)
+    if args.resident:
+        # Each engine warms on its own: every variant once first.
+        warm = [f"{v}-warmup" for v in variants] if args.warmup else []
+        resident = resident_runs(args, variants, warm + plan, model, env, out)
+        if resident is None:
+            return 1
+        return finish(resident, variants, args, out)
     if args.warmup:
         plan.insert(0, f"{variants[0]}-warmup")
     for n, name in enumerate(plan, 1):
@@ -316,9 +479,17 @@ def main() -> int:
             | ({"steady_gen_tok_s": steady} if steady else {})
             | ({"host": host} if host else {})
         )
+    return finish(runs, variants, args, out)
+
+
+def finish(
+    runs: list[dict], variants: list[str], args: argparse.Namespace, out: Path
+) -> int:
+    """summary.json, offline.png and the medians, for either way of running."""
     summary = summarize(runs, variants)
     summary["command"] = " ".join(sys.argv)
     summary["workload"] = [*WORKLOAD, "--num-prompts", str(args.num_prompts)]
+    summary["resident"] = args.resident
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, out / "offline.png")
     for v, s in summary["variants"].items():

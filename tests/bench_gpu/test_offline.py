@@ -156,3 +156,74 @@ def test_host_split_sums_each_part_over_the_run(tmp_path):
     assert per_step["rest"] == pytest.approx(10_000 - 2000 - 100 - 3000 - 200 - 300)
     assert host["per_token_us"]["schedule"] == pytest.approx(4000 / 16)
     assert offline.host_split(tmp_path / "none", output_tokens=1) == {}
+
+
+def test_resident_engines_take_turns_from_an_emptied_cache(fake_bundle, tmp_path):
+    r = _offline(
+        fake_bundle,
+        tmp_path,
+        "--variants",
+        "paged-stock,paged,tagma",
+        "--resident",
+        "--warmup",
+        "--repeats",
+        "2",
+        "--num-prompts",
+        "256",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resident"] is True
+    # Mirrored, twice; the warm-up runs (one per engine) left out.
+    assert [x["variant"] for x in summary["runs"]] == offline.order(
+        ["paged-stock", "paged", "tagma"], 2
+    )
+    assert sorted(p.name for p in out.glob("*-warmup-1.json")) == [
+        "paged-stock-warmup-1.json",
+        "paged-warmup-1.json",
+        "tagma-warmup-1.json",
+    ]
+    # One engine per variant, each started once: its log holds all its runs.
+    assert r.stdout.count("engine ready") == 3
+    for v in ("paged-stock", "paged", "tagma"):
+        assert (out / f"engine-{v}.log").read_text().count("OFFLINE_WORKER_RESULT") == 5
+    # The stand-in's rates: stock manager 300K, paged 100K, tagma 200K tok/s.
+    s = summary["variants"]
+    assert s["tagma"]["ratio_to_paged-stock"] == pytest.approx(2 / 3, rel=0.15)
+    assert s["paged"]["ratio_to_paged-stock"] == pytest.approx(1 / 3, rel=0.15)
+    assert (out / "offline.png").exists()
+
+
+def test_resident_engine_that_fails_to_start_fails_the_run(fake_bundle, tmp_path):
+    r = _offline(
+        fake_bundle,
+        tmp_path,
+        "--variants",
+        "paged,tagma",
+        "--resident",
+        "--num-prompts",
+        "64",
+        env={"FAKE_VLLM_THROUGHPUT_FAIL": "1"},
+    )
+    assert r.returncode == 1
+    assert "paged engine failed" in r.stdout
+    assert "engine failed to start" in r.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_resident_and_trace_are_refused_together(fake_bundle, tmp_path):
+    r = _offline(fake_bundle, tmp_path, "--resident", "--trace")
+    assert r.returncode == 2 and "not with --resident" in r.stderr
+
+
+def test_worker_turns_variant_flags_into_engine_arguments():
+    import offline_worker
+
+    assert offline_worker.engine_kwargs(
+        ["--kv-cache-backend", "paged", "--kv-cache-manager-cls", "a.B"]
+    ) == {"kv_cache_backend": "paged", "kv_cache_manager_cls": "a.B"}
+    with pytest.raises(ValueError, match="--name value pairs"):
+        offline_worker.engine_kwargs(["--kv-cache-backend"])
+    assert offline_worker.prompts(3, 5, 0) == offline_worker.prompts(3, 5, 0)
+    assert [len(p) for p in offline_worker.prompts(3, 5, 0)] == [5, 5, 5]
