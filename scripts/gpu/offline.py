@@ -28,8 +28,8 @@ inside them, the runner's execute_model and sample_tokens, the wait for
 sampled tokens, the rest of the loop), in µs per step and per output token.
 
 `--resident` keeps one engine per variant up for the whole set instead
-(`offline_worker.py`: an `LLM` built as the bench builds it, all of them on
-the GPU at once, each with an equal share of its memory), and the mirrored
+(`offline_worker.py`: the bench's engine, from the same engine flags, all of
+them on the GPU at once, each with an equal share of its memory), and the mirrored
 runs take turns between them, each one `LLM.generate` of the same prompts
 from an emptied prefix cache: no engine start between runs, so runs of
 different variants are seconds apart on the same host, and a host whose
@@ -68,7 +68,7 @@ VARIANTS = {
     ],
     "tagma": ["--kv-cache-backend", "tagma"],
 }
-WORKLOAD = [
+DATASET = [
     "--dataset-name",
     "random",
     "--random-input-len",
@@ -77,6 +77,8 @@ WORKLOAD = [
     "256",
     "--random-range-ratio",
     "0",
+]
+ENGINE = [
     "--max-num-seqs",
     "1024",
     "--max-model-len",
@@ -86,6 +88,7 @@ WORKLOAD = [
     "--seed",
     "0",
 ]
+WORKLOAD = DATASET + ENGINE
 
 
 def host_split(trace_dir: Path, output_tokens: int) -> dict:
@@ -288,11 +291,16 @@ def resident_runs(
             cmd = [
                 sys.executable,
                 str(HERE / "offline_worker.py"),
-                "--model",
-                str(model),
                 "--num-prompts",
                 str(args.num_prompts),
-                "--memory-share",
+                "--input-len",
+                DATASET[DATASET.index("--random-input-len") + 1],
+                "--output-len",
+                DATASET[DATASET.index("--random-output-len") + 1],
+                "--model",
+                str(model),
+                *ENGINE,
+                "--gpu-memory-utilization",
                 str(share),
                 *VARIANTS[variant],
             ]

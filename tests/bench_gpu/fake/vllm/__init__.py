@@ -37,11 +37,17 @@ class LLM:
                 sys.exit(f"fake vllm: no module {module!r} for kv_cache_manager_cls")
         if not 0 < gpu_memory_utilization <= 0.44:
             sys.exit(f"fake vllm: a resident engine at {gpu_memory_utilization}")
+        if kwargs.get("load_format") != "dummy" or kwargs.get("max_num_seqs") != 1024:
+            sys.exit(f"fake vllm: not the bench's engine arguments: {kwargs}")
         self.rate = 100_000.0 * (1 + (kv_cache_backend == "tagma"))
         self.rate += 200_000.0 * bool(kv_cache_manager_cls)
         self.cached = False
         # vLLM's own log lines share stdout with the worker's protocol.
         print(f"INFO fake engine: {kv_cache_backend}, {model}", flush=True)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: object) -> LLM:
+        return cls(**vars(engine_args))
 
     def reset_prefix_cache(self) -> bool:
         self.cached = False
