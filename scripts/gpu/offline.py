@@ -270,6 +270,17 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_record(variant: str, i: int, tok_s: float, elapsed_s: float, t0: float) -> dict:
+    """A measured run as summary.json keeps it (t0: when it began, monotonic)."""
+    return {
+        "variant": variant,
+        "run": i,
+        "output_tok_s": tok_s,
+        "elapsed_s": elapsed_s,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+
+
 def resident_runs(
     args: argparse.Namespace,
     variants: list[str],
@@ -322,15 +333,7 @@ def resident_runs(
             (out / f"{name}-{i}.json").write_text(json.dumps(result, indent=1))
             if name != variant:
                 continue
-            runs.append(
-                {
-                    "variant": variant,
-                    "run": i,
-                    "output_tok_s": tok_s,
-                    "elapsed_s": result["elapsed_s"],
-                    "wall_s": round(time.monotonic() - t0, 1),
-                }
-            )
+            runs.append(run_record(variant, i, tok_s, result["elapsed_s"], t0))
     finally:
         for worker in workers.values():
             worker.close()
@@ -477,13 +480,7 @@ def main() -> int:
         if name != variant:
             continue
         runs.append(
-            {
-                "variant": variant,
-                "run": i,
-                "output_tok_s": tok_s,
-                "elapsed_s": data["elapsed_time"],
-                "wall_s": round(time.monotonic() - t0, 1),
-            }
+            run_record(variant, i, tok_s, data["elapsed_time"], t0)
             | ({"steady_gen_tok_s": steady} if steady else {})
             | ({"host": host} if host else {})
         )

@@ -66,6 +66,16 @@ def _bench_1b(
     return r, out
 
 
+def _pool(dest: Path, *folders: Path) -> subprocess.CompletedProcess:
+    """report.py over several result folders, into dest."""
+    return subprocess.run(
+        [sys.executable, str(GPU / "report.py"), "--out", str(dest),
+         *map(str, folders)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+
+
 def test_abba_run_writes_every_run_and_the_report(fake_bundle, gpu_path, tmp_path):
     r, out = _bench_1b(fake_bundle, gpu_path, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -152,12 +162,7 @@ def test_paged_stock_baseline_runs_vllms_manager_as_released(
     # Passes of different baselines are not pooled into one ratio.
     r2, out2 = _bench_1b(fake_bundle, gpu_path, tmp_path / "b", "--order", "AB")
     assert r2.returncode == 0, r2.stdout + r2.stderr
-    pooled = subprocess.run(
-        [sys.executable, str(GPU / "report.py"), "--out", str(tmp_path / "pooled"),
-         str(out), str(out2)],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
+    pooled = _pool(tmp_path / "pooled", out, out2)
     assert pooled.returncode != 0
     assert "cannot pool runs of different baselines" in pooled.stderr
 
@@ -182,12 +187,7 @@ def test_shared_socket_reaches_every_server_and_is_not_pooled(
         "API servers on the inherited socket"
         not in (out2 / "1b-host/run1-paged/server.log").read_text()
     )
-    pooled = subprocess.run(
-        [sys.executable, str(GPU / "report.py"), "--out", str(tmp_path / "pooled"),
-         str(out), str(out2)],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
+    pooled = _pool(tmp_path / "pooled", out, out2)
     assert pooled.returncode != 0
     assert "cannot pool runs with and without --shared-socket" in pooled.stderr
 
