@@ -165,6 +165,9 @@ def test_gc_time_is_summed_over_the_main_run(tmp_path):
         ("serve-h200-0.26.0/h200-long-burst", ["."]),
         ("serve-h200-0.26.0/128k-poisson-1b-burst-aabba", ["."]),
         ("serve-h200-0.26.0/128k-poisson-1b-burst-abaab", ["."]),
+        ("serve-h200-0.26.0/1b-burst-api4-resident-stock", ["."]),
+        ("serve-h200-0.26.0/1b-burst-api4-listener-stock", ["."]),
+        ("serve-h200-0.26.0/1b-burst-api4-listener", ["."]),
     ],
 )
 def test_published_reports_rebuild_from_their_run_json(name, passes, tmp_path):
