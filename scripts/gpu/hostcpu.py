@@ -12,6 +12,7 @@ only (/proc); elsewhere the numbers are simply absent.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -125,19 +126,21 @@ def cores(host_cpu: dict | None) -> dict[str, float]:
     client, the most-waiting API server, the engine core)."""
     if not host_cpu or not host_cpu.get("window_s"):
         return {}
+    # math.fsum: correctly rounded, so the device's Python (3.12, whose sum()
+    # compensates) and CI's (3.11) write the same digits in a report.
     w = host_cpu["window_s"]
     out: dict[str, float] = {"client_cores": host_cpu["client_s"] / w}
     api, engine = _roles(host_cpu["server_s"])
     if api:
-        out["api_cores"] = sum(api) / w
+        out["api_cores"] = math.fsum(api) / w
         out["api_max_cores"] = max(api) / w
     if engine:
-        out["engine_cores"] = sum(engine) / w
+        out["engine_cores"] = math.fsum(engine) / w
     if "client_wait_s" in host_cpu:
         out["client_wait"] = host_cpu["client_wait_s"] / w
         api, engine = _roles(host_cpu["server_wait_s"])
         if api:
             out["api_max_wait"] = max(api) / w
         if engine:
-            out["engine_wait"] = sum(engine) / w
+            out["engine_wait"] = math.fsum(engine) / w
     return out
