@@ -312,10 +312,11 @@ SUITES = {
             [HOST_BURST],
             server_args=HOST_API4,
         ),
-        # The same burst with eight API servers: with four, the front end
-        # delivered tagma's engine rate seconds late in three of four runs
-        # (results/serve-h200-0.26.0/1b-burst-api4-resident-stock); run
-        # beside 1b-burst-api4, this says whether four were the ceiling.
+        # The same burst with eight API servers: whether four are the front
+        # end's ceiling. With one shared socket they were (the client seconds
+        # behind the engine, results/serve-h200-0.26.0/
+        # 1b-burst-api4-resident-stock); with a socket each, four kept up
+        # with 60K output tok/s (1b-burst-api4-listener).
         Suite(
             "1b-burst-api8",
             "llama-3.2-1b",
@@ -654,7 +655,7 @@ def run_bench(
                 hostcpu.group_cpu(server.proc.pid),
             )
 
-        copier = threading.Thread(target=_copy_marking, args=(proc, out, marks, sample))
+        copier = threading.Thread(target=copy_marking, args=(proc, out, marks, sample))
         copier.start()
         while proc.poll() is None:
             if not _alive(server.proc):
@@ -704,10 +705,11 @@ _API_SERVER = re.compile(r"ApiServer_(\d+)")
 
 def requests_per_api_server(log: Path, start: int) -> dict[str, int]:
     """Completion requests each API server took in a server log from byte
-    `start` on (a run's share of a resident server's log). The processes
-    share one listening socket, and whichever is ready first accepts a
-    burst's connections, so the shares can be far from even; the busiest
-    server then bounds what the client sees."""
+    `start` on (a run's share of a resident server's log). On vLLM's one
+    shared listening socket (as released, or --shared-socket) whichever
+    process is ready first accepts a burst's connections, so the shares can
+    be far from even, and the busiest server then bounds what the client
+    sees; with a socket each (the series' listener patch) they are even."""
     with open(log, "rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
@@ -772,7 +774,7 @@ MAIN_RUN = "Starting main benchmark run"
 RESULT = "============ Serving Benchmark Result"
 
 
-def _copy_marking(
+def copy_marking(
     proc: subprocess.Popen,
     out,
     marks: dict[str, float],

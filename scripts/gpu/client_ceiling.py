@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import re
@@ -34,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import hostcpu  # noqa: E402
-from bench_serve import MAIN_RUN, RESULT  # noqa: E402
+from bench_serve import MAIN_RUN, RESULT, copy_marking  # noqa: E402
 
 
 def _chunk(payload: str) -> bytes:
@@ -150,20 +151,21 @@ def measure(data: Path, tick: float, prompts: int, port: int) -> dict:
         bench = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        assert bench.stdout is not None
-        lines, at = [], {}
-        for line in bench.stdout:
-            lines.append(line)
-            # The main run, as bench_serve.py marks it in the bench's output.
-            for mark in (MAIN_RUN, RESULT):
-                if line.startswith(mark) and mark not in at:
-                    at[mark] = (time.time(), _cpu(bench.pid), _cpu(stand_in.pid))
+        # The main run, marked in the bench's output as bench_serve.py does.
+        out = io.StringIO()
+        marks: dict[str, float] = {}
+        cpu: dict[str, tuple[float, float]] = {}
+
+        def on_mark(mark: str) -> None:
+            cpu[mark] = (_cpu(bench.pid), _cpu(stand_in.pid))
+
+        copy_marking(bench, out, marks, on_mark)
         bench.wait()
     finally:
         stand_in.kill()
         stand_in.wait()
-    text = "".join(lines)
-    if bench.returncode != 0 or set(at) != {MAIN_RUN, RESULT}:
+    text = out.getvalue()
+    if bench.returncode != 0 or set(marks) != {MAIN_RUN, RESULT}:
         raise SystemExit(f"vllm bench serve failed (exit {bench.returncode}):\n{text}")
 
     def field(label: str) -> float:
@@ -172,7 +174,8 @@ def measure(data: Path, tick: float, prompts: int, port: int) -> dict:
             raise SystemExit(f"no {label!r} in the bench's output:\n{text}")
         return float(m.group(1))
 
-    (t0, c0, s0), (t1, c1, s1) = at[MAIN_RUN], at[RESULT]
+    t0, t1 = marks[MAIN_RUN], marks[RESULT]
+    (c0, s0), (c1, s1) = cpu[MAIN_RUN], cpu[RESULT]
     return {
         "tick_s": tick,
         "prompts": prompts,
