@@ -16,12 +16,16 @@
 # once the run is done (make's own code is printed), 3 while it still runs
 # (also when it ends during packing: that pack may lack its last results).
 #
-# Several targets run one after the other in one detached run (make -k: a
-# failing one does not stop the next), e.g. the soak, then a suite:
-#   DETACH_TARGET="soak-gpu bench-gpu" SOAK_ARGS="" bash scripts/gpu/detach.sh \
-#     start --suites 1b-host-api4
-# The arguments after `start` go to bench-gpu / bench-offline, and to
-# soak-gpu unless SOAK_ARGS is set; the soak's results go to results/soak/.
+# Several targets run one after the other in one detached run (a failing
+# one does not stop the next), each with its own arguments, e.g. the offline
+# set, then a suite, then the soak:
+#   DETACH_TARGET="bench-offline bench-gpu soak-gpu" SOAK_ARGS="" \
+#     OFFLINE_ARGS="--variants paged-stock,tagma --resident --warmup" \
+#     bash scripts/gpu/detach.sh start --suites 8b-128k-poisson --resident
+# The arguments after `start` go to bench-gpu, and to soak-gpu and
+# bench-offline unless SOAK_ARGS / OFFLINE_ARGS is set. bench-gpu's results
+# go to results/, the soak's to results/soak/, bench-offline's to
+# results/offline/ beside other targets (results/ when it runs alone).
 # The device host is given back after a short idle time, and a detached run
 # dies with it: poll again at once.
 set -uo pipefail
@@ -33,13 +37,26 @@ case ${1:-} in
   start)
     shift
     rm -rf "$dir" && mkdir -p "$dir/results"
-    # The exit code lands in $dir/rc when make returns (a pid alone cannot
-    # tell a finished run from a zombie nobody reaps).
-    PYTHONUNBUFFERED=1 OUT_DIR="$dir/results" BENCH_GPU_ARGS="$*" DIR="$dir" \
-      SOAK_ARGS="${SOAK_ARGS-$*}" TARGET="$target" setsid nohup bash -c \
-      'make -k $TARGET BENCH_GPU_OUT="$OUT_DIR" BENCH_OFFLINE_OUT="$OUT_DIR" \
-        SOAK_OUT="$OUT_DIR/soak" BENCH_GPU_ARGS="$BENCH_GPU_ARGS" \
-        SOAK_ARGS="$SOAK_ARGS"; echo $? >"$DIR/rc"' \
+    offline_out="$dir/results"
+    [ "$target" = bench-offline ] || offline_out="$dir/results/offline"
+    # One make per target, so each gets its own arguments. The exit code
+    # (the last failing target's, else 0) lands in $dir/rc when the chain
+    # ends (a pid alone cannot tell a finished run from a zombie nobody
+    # reaps).
+    PYTHONUNBUFFERED=1 OUT_DIR="$dir/results" OFFLINE_OUT="$offline_out" \
+      GPU_ARGS="$*" SOAK_ARGS="${SOAK_ARGS-$*}" OFFLINE_ARGS="${OFFLINE_ARGS-$*}" \
+      DIR="$dir" TARGET="$target" setsid nohup bash -c '
+        rc=0
+        for t in $TARGET; do
+          case $t in
+            bench-offline) args=$OFFLINE_ARGS ;;
+            soak-gpu) args=$SOAK_ARGS ;;
+            *) args=$GPU_ARGS ;;
+          esac
+          make "$t" BENCH_GPU_OUT="$OUT_DIR" BENCH_OFFLINE_OUT="$OFFLINE_OUT" \
+            SOAK_OUT="$OUT_DIR/soak" BENCH_GPU_ARGS="$args" SOAK_ARGS="$args" || rc=$?
+        done
+        echo $rc >"$DIR/rc"' \
       >"$dir/bench.log" 2>&1 </dev/null &
     echo "started, log $dir/bench.log"
     ;;

@@ -198,16 +198,21 @@ def test_verdict_names_each_failure(break_it, message):
     assert any(message in f for f in fails), fails
 
 
-def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path, detach):
-    """detach.sh runs several targets one after the other: the soak (its own
-    arguments, results in results/soak/), then a serve suite."""
+def test_detached_chain_gives_each_target_its_arguments(
+    fake_bundle, gpu_path, tmp_path, detach
+):
+    """detach.sh runs several targets one after the other, each with its own
+    arguments and folder: the offline set (results/offline/), the soak
+    (results/soak/), then a serve suite (results/)."""
     common = ["--bundle", str(fake_bundle), "--dest", str(tmp_path / "d")]
+    offline_args = ["--variants", "paged-stock,tagma", "--resident"]
     env = {
         **os.environ,
         "PATH": gpu_path,
         "DETACH_DIR": str(tmp_path / "run"),
-        "DETACH_TARGET": "soak-gpu bench-gpu",
+        "DETACH_TARGET": "bench-offline soak-gpu bench-gpu",
         "SOAK_ARGS": " ".join([*common, "--seconds", "2", "--rate", "10"]),
+        "OFFLINE_ARGS": " ".join([*common, *offline_args, "--num-prompts", "64"]),
     }
     start = detach(env, "start", *common, "--suites", "1b-host", "--order", "AB")
     assert start.returncode == 0, start.stderr
@@ -219,6 +224,33 @@ def test_detached_soak_then_suite_in_one_run(fake_bundle, gpu_path, tmp_path, de
     ).stdout.split()
     assert "results/soak/soak.json" in names
     assert "results/1b-host/run2-tagma/run.json" in names
+    summary = json.loads((tmp_path / "run/results/offline/summary.json").read_text())
+    assert summary["resident"] is True
+    runs = [r["variant"] for r in summary["runs"]]
+    assert runs == ["paged-stock", "tagma", "tagma", "paged-stock"]
+    assert "--num-prompts" in summary["workload"]
+    assert summary["workload"][summary["workload"].index("--num-prompts") + 1] == "64"
+
+
+def test_detached_chain_reports_a_failed_target_and_runs_the_rest(
+    fake_bundle, gpu_path, tmp_path, detach
+):
+    """A target that fails does not stop the ones after it, and the chain's
+    exit code says one failed."""
+    common = ["--bundle", str(fake_bundle), "--dest", str(tmp_path / "d")]
+    env = {
+        **os.environ,
+        "PATH": gpu_path,
+        "DETACH_DIR": str(tmp_path / "run"),
+        "DETACH_TARGET": "bench-offline soak-gpu",
+        "OFFLINE_ARGS": " ".join([*common, "--variants", "paged,nope"]),
+        "SOAK_ARGS": " ".join([*common, "--seconds", "2", "--rate", "10"]),
+    }
+    assert detach(env, "start").returncode == 0
+    poll = detach(env, "poll", "240", str(tmp_path / "r.tar.xz"))
+    assert poll.returncode == 0, poll.stdout + poll.stderr
+    assert "finished (make exit code 2)" in poll.stdout, poll.stdout
+    assert (tmp_path / "run/results/soak/soak.json").exists()
 
 
 @pytest.mark.parametrize(
