@@ -148,6 +148,8 @@ class Worker:
 
     def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log = open(log_path, "w")  # noqa: SIM115 (closed in close())
+        # The engine's output since the last command: a run's stats lines.
+        self.text = ""
         self.proc = subprocess.Popen(
             cmd,
             env=env,
@@ -160,13 +162,18 @@ class Worker:
 
     def _until(self, marker: str) -> str | None:
         """The rest of the first line that starts with `marker`, or None
-        once the worker has exited without one."""
+        once the worker has exited without one; the lines read before it
+        are kept in `self.text`."""
         assert self.proc.stdout is not None
+        lines: list[str] = []
         for line in self.proc.stdout:
             self.log.write(line)
             if line.startswith(marker):
+                self.text = "".join(lines)
                 return line[len(marker) :].strip()
+            lines.append(line)
         self.log.flush()
+        self.text = "".join(lines)
         return None
 
     def ready(self) -> bool:
@@ -329,15 +336,26 @@ def resident_runs(
                 _failed(out / f"engine-{variant}.log", f"{name} #{i}")
                 return None
             tok_s = result["output_tok_s"]
-            log(f"run {n}/{len(plan)}: {name} #{i}: {tok_s:,.0f} output tok/s")
+            steady = steady_rates(workers[variant].text)
+            rates = _rates(steady)
+            log(f"run {n}/{len(plan)}: {name} #{i}: {tok_s:,.0f} output tok/s{rates}")
             (out / f"{name}-{i}.json").write_text(json.dumps(result, indent=1))
             if name != variant:
                 continue
-            runs.append(run_record(variant, i, tok_s, result["elapsed_s"], t0))
+            runs.append(
+                run_record(variant, i, tok_s, result["elapsed_s"], t0)
+                | ({"steady_gen_tok_s": steady} if steady else {})
+            )
     finally:
         for worker in workers.values():
             worker.close()
     return runs
+
+
+def _rates(steady: dict | None) -> str:
+    if not steady:
+        return ""
+    return f"; full-batch 10-s rates {steady['min']:,.0f}–{steady['max']:,.0f}"
 
 
 def _failed(log_path: Path, what: str) -> None:
@@ -461,14 +479,7 @@ def main() -> int:
             return 1
         tok_s = float(m.group(1))
         steady = steady_rates(text)
-        log(
-            f"{name} #{i}: {tok_s:,.0f} output tok/s"
-            + (
-                f"; full-batch 10-s rates {steady['min']:,.0f}–{steady['max']:,.0f}"
-                if steady
-                else ""
-            )
-        )
+        log(f"{name} #{i}: {tok_s:,.0f} output tok/s{_rates(steady)}")
         host = {}
         if args.trace:
             host = host_split(steps_dir, round(tok_s * data["elapsed_time"]))

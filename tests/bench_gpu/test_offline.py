@@ -188,6 +188,13 @@ def test_resident_engines_take_turns_from_an_emptied_cache(fake_bundle, tmp_path
     assert r.stdout.count("engine ready") == 3
     for v in ("paged-stock", "paged", "tagma"):
         assert (out / f"engine-{v}.log").read_text().count("OFFLINE_WORKER_RESULT") == 5
+    # Each run keeps the stats lines its engine logged during it: the
+    # stand-in's full-batch line names the engine's call (its rate + calls,
+    # the warm-up being call 1).
+    for r in summary["runs"]:
+        base = {"paged-stock": 300_000.0, "paged": 100_000.0, "tagma": 200_000.0}
+        rates = r["steady_gen_tok_s"]
+        assert rates["n"] == 1 and rates["min"] == base[r["variant"]] + 1 + r["run"]
     # The stand-in's rates: stock manager 300K, paged 100K, tagma 200K tok/s.
     s = summary["variants"]
     assert s["tagma"]["ratio_to_paged-stock"] == pytest.approx(2 / 3, rel=0.15)

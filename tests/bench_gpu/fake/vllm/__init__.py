@@ -42,6 +42,7 @@ class LLM:
         self.rate = 100_000.0 * (1 + (kv_cache_backend == "tagma"))
         self.rate += 200_000.0 * bool(kv_cache_manager_cls)
         self.cached = False
+        self.calls = 0
         # vLLM's own log lines share stdout with the worker's protocol.
         print(f"INFO fake engine: {kv_cache_backend}, {model}", flush=True)
 
@@ -59,6 +60,17 @@ class LLM:
         self.cached = True
         n = sampling.max_tokens  # type: ignore[attr-defined]
         time.sleep(len(prompts) * n / self.rate)
+        # vLLM's 10-second stats lines, on the shared stdout: one with the
+        # batch full at a rate that names the call (rate + calls), one from
+        # the tail.
+        self.calls += 1
+        for rate, running in ((self.rate + self.calls, 1024), (self.rate / 4, 100)):
+            print(
+                "INFO [loggers.py:310] Engine 000: Avg prompt throughput: 0.0 "
+                f"tokens/s, Avg generation throughput: {rate:.1f} tokens/s, "
+                f"Running: {running} reqs, Waiting: 0 reqs",
+                flush=True,
+            )
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1] * n)])] * len(
             prompts
         )
