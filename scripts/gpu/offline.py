@@ -68,13 +68,14 @@ VARIANTS = {
     ],
     "tagma": ["--kv-cache-backend", "tagma"],
 }
+INPUT_LEN, OUTPUT_LEN = "128", "256"
 DATASET = [
     "--dataset-name",
     "random",
     "--random-input-len",
-    "128",
+    INPUT_LEN,
     "--random-output-len",
-    "256",
+    OUTPUT_LEN,
     "--random-range-ratio",
     "0",
 ]
@@ -147,6 +148,7 @@ class Worker:
     copied to `log_path`."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 (closed in close())
         # The engine's output since the last command: a run's stats lines.
         self.text = ""
@@ -312,9 +314,9 @@ def resident_runs(
                 "--num-prompts",
                 str(args.num_prompts),
                 "--input-len",
-                DATASET[DATASET.index("--random-input-len") + 1],
+                INPUT_LEN,
                 "--output-len",
-                DATASET[DATASET.index("--random-output-len") + 1],
+                OUTPUT_LEN,
                 "--model",
                 str(model),
                 *ENGINE,
@@ -324,7 +326,7 @@ def resident_runs(
             ]
             worker = workers[variant] = Worker(cmd, env, out / f"engine-{variant}.log")
             if not worker.ready():
-                _failed(out / f"engine-{variant}.log", f"{variant} engine")
+                _failed(worker.log_path, f"{variant} engine")
                 return None
             log(f"{variant} engine ready in {time.monotonic() - t0:.0f} s")
         for n, name in enumerate(plan, 1):
@@ -333,7 +335,7 @@ def resident_runs(
             t0 = time.monotonic()
             result = workers[variant].run()
             if result is None:
-                _failed(out / f"engine-{variant}.log", f"{name} #{i}")
+                _failed(workers[variant].log_path, f"{name} #{i}")
                 return None
             tok_s = result["output_tok_s"]
             steady = steady_rates(workers[variant].text)
@@ -425,8 +427,6 @@ def main() -> int:
     }
     if args.trace:
         env["PYTHONPATH"] = f"{HERE / 'hook'}:{env['PYTHONPATH']}"
-    runs: list[dict] = []
-    seen: dict[str, int] = {}
     plan = order(variants, args.repeats)
     if args.resident:
         # Each engine warms on its own: every variant once first.
@@ -435,6 +435,8 @@ def main() -> int:
         if resident is None:
             return 1
         return finish(resident, variants, args, out)
+    runs: list[dict] = []
+    seen: dict[str, int] = {}
     if args.warmup:
         plan.insert(0, f"{variants[0]}-warmup")
     for n, name in enumerate(plan, 1):

@@ -191,8 +191,8 @@ def test_resident_engines_take_turns_from_an_emptied_cache(fake_bundle, tmp_path
     # Each run keeps the stats lines its engine logged during it: the
     # stand-in's full-batch line names the engine's call (its rate + calls,
     # the warm-up being call 1).
+    base = {"paged-stock": 300_000.0, "paged": 100_000.0, "tagma": 200_000.0}
     for r in summary["runs"]:
-        base = {"paged-stock": 300_000.0, "paged": 100_000.0, "tagma": 200_000.0}
         rates = r["steady_gen_tok_s"]
         assert rates["n"] == 1 and rates["min"] == base[r["variant"]] + 1 + r["run"]
     # The stand-in's rates: stock manager 300K, paged 100K, tagma 200K tok/s.
