@@ -22,8 +22,11 @@ stands out (a GPU-side cost), apart from a step that carried more work (a
 scheduling difference). For time to first token it sets the client's TTFTs
 against what the engine can account for: where no step left a request
 waiting, the longest two consecutive steps bound a request's time inside
-the engine, and TTFT above that was spent in the front end. Writes tail.md,
-tail.json and tail.png into OUT (default DIR).
+the engine, and TTFT above that was spent in the front end. For the request-level p99s
+(TTFT, TPOT) it gives their sampling spread: the ratio's 95 % interval with
+the requests resampled (paired across runs that sent the same requests),
+beside paged's own AA, since a p99 over 900 requests is about one request.
+Writes tail.md, tail.json and tail.png into OUT (default DIR).
 """
 
 from __future__ import annotations
@@ -220,8 +223,19 @@ def client_side(run_dir: Path, workload: str) -> dict:
         "client_itl_p99_ms": _pct(itls, 0.99) if itls else math.nan,
         "tokens_per_chunk": tokens / chunks if chunks else math.nan,
         "ttfts_ms": [x * 1e3 for x in bench.get("ttfts", [])],
+        "tpots_ms": request_tpots(bench),
+        "input_lens": bench.get("input_lens", []),
         "arrivals_s": arrivals(bench),
     }
+
+
+def request_tpots(bench: dict) -> list[float]:
+    """Each request's time per output token after the first (ms), as `vllm
+    bench serve` computes it; NaN for a request with one token or none."""
+    out = []
+    for itl, n in zip(bench.get("itls", []), bench.get("output_lens", []), strict=True):
+        out.append(sum(itl) * 1e3 / (n - 1) if n > 1 and itl else math.nan)
+    return out
 
 
 def arrivals(bench: dict) -> list[float]:
@@ -275,6 +289,115 @@ def ttft_split(steps: list[dict], ttfts_ms: list[float]) -> dict:
             sum(1 for t in ttfts_ms if t > bound) if not queued else math.nan
         ),
     }
+
+
+# Request-level p99s whose sampling spread the report gives, and how often
+# the requests are resampled for it.
+SPREAD_METRICS = (("ttfts_ms", "TTFT p99"), ("tpots_ms", "TPOT p99"))
+SPREAD_DRAWS = 1000
+
+
+def _p99s(arrays: list, idx: list | None) -> list[float]:
+    import numpy as np
+
+    picks = idx or [None] * len(arrays)
+    return [
+        float(np.nanpercentile(a if i is None else a[i], 99))
+        for a, i in zip(arrays, picks, strict=True)
+    ]
+
+
+def _spread_ratios(v: list[float], num_paged: int) -> tuple[float, float]:
+    """tagma / paged (medians over runs) and paged's AA (run 2 / run 1)."""
+    p, t = v[:num_paged], v[num_paged:]
+    aa = p[1] / p[0] if len(p) > 1 else math.nan
+    return statistics.median(t) / statistics.median(p), aa
+
+
+def p99_spread(
+    paged: list[dict], tagma: list[dict], draws: int = SPREAD_DRAWS, seed: int = 0
+) -> dict:
+    """How far a p99 ratio moves with which requests happened to be slow.
+
+    A p99 over 900 requests is about its ninth-slowest request, so two runs
+    of one backend differ by more than the runs' ranges suggest. Resample
+    the requests with replacement (`draws` times; the same request indices in
+    every run where all runs sent the same prompts, as the suites do, so
+    the comparison stays paired) and recompute, per metric, tagma / paged
+    (median over runs of each run's p99, as report.md) and paged's own AA
+    (its second main run over its first). Returns, per metric, the point
+    ratio and the 2.5-97.5 % interval of each; NaN where a side is missing.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    runs = paged + tagma
+    lens = {len(r["ttfts_ms"]) for r in runs}
+    same = len(lens) == 1 and all(
+        r.get("input_lens") == runs[0].get("input_lens") for r in runs
+    )
+    out: dict = {"paired": same}
+    for key, label in SPREAD_METRICS:
+        arrays = [np.asarray(r[key], dtype=float) for r in runs]
+        if not paged or not tagma or any(not a.size for a in arrays):
+            out[label] = dict.fromkeys(
+                ("ratio", "lo", "hi", "aa", "aa_lo", "aa_hi"), math.nan
+            )
+            continue
+        point, aa = _spread_ratios(_p99s(arrays, None), len(paged))
+        got = []
+        for _ in range(draws):
+            if same:
+                idx = [rng.integers(0, arrays[0].size, arrays[0].size)] * len(arrays)
+            else:
+                idx = [rng.integers(0, a.size, a.size) for a in arrays]
+            got.append(_spread_ratios(_p99s(arrays, idx), len(paged)))
+        r = np.array(got)
+        lo, hi = np.percentile(r[:, 0], [2.5, 97.5])
+        aa_lo, aa_hi = (
+            np.percentile(r[:, 1], [2.5, 97.5]) if len(paged) > 1 else (math.nan,) * 2
+        )
+        out[label] = {
+            "ratio": point,
+            "lo": float(lo),
+            "hi": float(hi),
+            "aa": aa,
+            "aa_lo": float(aa_lo),
+            "aa_hi": float(aa_hi),
+        }
+    return out
+
+
+def spread_lines(spread: dict) -> list[str]:
+    how = (
+        "the same request indices in every run: same prompts and arrival schedule"
+        if spread["paired"]
+        else "each run on its own: the runs sent different requests"
+    )
+    lines = [
+        (
+            f"p99 sampling spread: the requests resampled {SPREAD_DRAWS:,} times "
+            f"({how}); tagma / paged is the median over runs of each run's p99, "
+            "paged AA its second main run over its first; 95 % intervals:"
+        ),
+        "",
+        "| metric | tagma / paged | 95 % interval | paged AA | 95 % interval |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(x: float, lo: float, hi: float) -> str:
+        if math.isnan(x):
+            return "n/a | n/a"
+        return f"{x:.3f} | {lo:.3f}–{hi:.3f}"
+
+    for _, label in SPREAD_METRICS:
+        m = spread[label]
+        lines.append(
+            f"| {label} | {cell(m['ratio'], m['lo'], m['hi'])} "
+            f"| {cell(m['aa'], m['aa_lo'], m['aa_hi'])} |"
+        )
+    lines.append("")
+    return lines
 
 
 def summarize(steps: list[dict], model: list[float]) -> dict:
@@ -385,12 +508,17 @@ def main() -> int:
         }
         other = {"paged": "tagma", "tagma": "paged"}
         cols = []
+        requests: dict[str, list[dict]] = {"paged": [], "tagma": []}
         for backend in ("paged", "tagma"):
             for name, steps in by_backend.get(backend, []):
                 model = models.get(other[backend], models[backend])
                 row = summarize(steps, model)
                 client = clients[(name, workload)]
-                ttfts = client.pop("ttfts_ms")
+                per_request = {
+                    k: client.pop(k) for k in ("ttfts_ms", "tpots_ms", "input_lens")
+                }
+                requests[backend].append(per_request)
+                ttfts = per_request["ttfts_ms"]
                 got = client.pop("arrivals_s")
                 row.update(client, **ttft_split(steps, ttfts))
                 row.update(front_end_lag(got, engine_ends[(name, workload)]))
@@ -422,6 +550,9 @@ def main() -> int:
                 "per 1K hit tokens"
             )
         lines.append("")
+        spread = p99_spread(requests["paged"], requests["tagma"])
+        summary[f"{suite}/{workload}"]["p99_spread"] = spread
+        lines += spread_lines(spread)
         split = host_split(by_backend)
         summary[f"{suite}/{workload}"]["host_split"] = split
         if split:

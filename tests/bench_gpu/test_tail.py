@@ -158,6 +158,12 @@ def test_cli_writes_report_json_and_plot(tmp_path: Path) -> None:
         "client's last chunk after the engine's last step"
         in (out / "tail.md").read_text()
     )
+    # Paged kept no per-request lists: the spread is given as unknown.
+    assert "p99 sampling spread" in (out / "tail.md").read_text()
+    assert (
+        data["s/prefix"]["p99_spread"]["TTFT p99"]["ratio"]
+        != data["s/prefix"]["p99_spread"]["TTFT p99"]["ratio"]
+    )
 
 
 def test_a_few_stray_prefix_hits_get_no_cost_of_their_own() -> None:
@@ -276,3 +282,74 @@ def test_front_end_lag_from_the_clients_chunk_times() -> None:
     assert tail.arrivals({k: v for k, v in bench.items() if k != "start_times"}) == []
     none = tail.front_end_lag([], 0.5)
     assert none["client_lag_s"] != none["client_lag_s"]  # NaN
+
+
+def _requests(rng, base: list[float], scale: float = 1.0, noise: float = 0.0) -> dict:
+    # One run's per-request TTFTs and TPOTs: a shared per-request base (the
+    # same prompts and arrivals in every run) times `scale`, plus this run's
+    # own noise.
+    ttfts = [b * scale + rng.gauss(0, noise) for b in base]
+    return {
+        "ttfts_ms": ttfts,
+        "tpots_ms": [t / 5 for t in ttfts],
+        "input_lens": list(range(len(base))),
+    }
+
+
+def _base(rng, n: int = 900) -> list[float]:
+    return [30 + rng.expovariate(1 / 5) for _ in range(n)]
+
+
+def test_p99_spread_excludes_one_for_a_real_shift() -> None:
+    import random
+
+    rng = random.Random(1)
+    base = _base(rng)
+    paged = [_requests(rng, base, noise=1.0) for _ in range(2)]
+    tagma = [_requests(rng, base, scale=1.15, noise=1.0) for _ in range(2)]
+    spread = tail.p99_spread(paged, tagma, draws=200)
+    assert spread["paired"]
+    ttft = spread["TTFT p99"]
+    assert ttft["ratio"] == pytest.approx(1.15, abs=0.03)
+    assert 1.0 < ttft["lo"] <= ttft["ratio"] <= ttft["hi"]
+    # Paged against itself: around 1.00, and the interval says so.
+    assert ttft["aa_lo"] < 1.0 < ttft["aa_hi"]
+    assert spread["TPOT p99"]["lo"] > 1.0
+
+
+def test_p99_spread_includes_one_when_only_the_slowest_requests_differ() -> None:
+    import random
+
+    rng = random.Random(2)
+    base = _base(rng)
+    # Same work under both backends; each run's own noise decides which
+    # requests end up at the p99.
+    paged = [_requests(rng, base, noise=3.0) for _ in range(2)]
+    tagma = [_requests(rng, base, noise=3.0) for _ in range(2)]
+    ttft = tail.p99_spread(paged, tagma, draws=200)["TTFT p99"]
+    assert ttft["lo"] < 1.0 < ttft["hi"]
+    assert ttft["lo"] <= ttft["ratio"] <= ttft["hi"]
+
+
+def test_p99_spread_resamples_each_run_alone_when_the_requests_differ() -> None:
+    import random
+
+    rng = random.Random(3)
+    paged = [_requests(rng, _base(rng))]
+    tagma = [_requests(rng, _base(rng, 800))]
+    spread = tail.p99_spread(paged, tagma, draws=50)
+    assert not spread["paired"]
+    # One paged run: no AA to give.
+    assert spread["TTFT p99"]["aa"] != spread["TTFT p99"]["aa"]  # NaN
+    assert spread["TTFT p99"]["lo"] <= spread["TTFT p99"]["hi"]
+    # A side without per-request lists makes no claim.
+    none = tail.p99_spread([], tagma, draws=10)["TTFT p99"]
+    assert none["ratio"] != none["ratio"]
+
+
+def test_request_tpots_as_the_bench_computes_them() -> None:
+    bench = {"itls": [[0.01, 0.03], [], [0.02]], "output_lens": [3, 1, 2]}
+    got = tail.request_tpots(bench)
+    assert got[0] == pytest.approx(20.0)
+    assert got[1] != got[1]  # one token: no TPOT
+    assert got[2] == pytest.approx(20.0)
