@@ -169,6 +169,7 @@ def test_gc_time_is_summed_over_the_main_run(tmp_path):
         ("serve-h200-0.26.0/1b-burst-api4-listener-stock", ["."]),
         ("serve-h200-0.26.0/1b-burst-api4-listener", ["."]),
         ("serve-h100-0.26.0/8b-128k-poisson-resident-partial", ["."]),
+        ("serve-h100-0.26.0/8b-128k-poisson-resident", ["."]),
     ],
 )
 def test_published_reports_rebuild_from_their_run_json(name, passes, tmp_path):
