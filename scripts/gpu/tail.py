@@ -22,11 +22,12 @@ stands out (a GPU-side cost), apart from a step that carried more work (a
 scheduling difference). For time to first token it sets the client's TTFTs
 against what the engine can account for: where no step left a request
 waiting, the longest two consecutive steps bound a request's time inside
-the engine, and TTFT above that was spent in the front end. For the request-level p99s
-(TTFT, TPOT) it gives their sampling spread: the ratio's 95 % interval with
-the requests resampled (paired across runs that sent the same requests),
-beside paged's own AA, since a p99 over 900 requests is about one request.
-Writes tail.md, tail.json and tail.png into OUT (default DIR).
+the engine, and TTFT above that was spent in the front end. For the
+request-level p99s (TTFT, TPOT) it gives their sampling spread: the ratio's
+95 % interval with the requests resampled (paired across runs that sent the
+same requests), beside paged's own AA, since a p99 over 900 requests is
+about one request. Writes tail.md, tail.json and tail.png into OUT (default
+DIR).
 """
 
 from __future__ import annotations
@@ -223,10 +224,21 @@ def client_side(run_dir: Path, workload: str) -> dict:
         "client_itl_p99_ms": _pct(itls, 0.99) if itls else math.nan,
         "tokens_per_chunk": tokens / chunks if chunks else math.nan,
         "ttfts_ms": [x * 1e3 for x in bench.get("ttfts", [])],
+        "spread_ttfts_ms": request_ttfts(bench),
         "tpots_ms": request_tpots(bench),
         "input_lens": bench.get("input_lens", []),
         "arrivals_s": arrivals(bench),
     }
+
+
+def request_ttfts(bench: dict) -> list[float]:
+    """Each request's TTFT (ms), NaN for a failed one (the bench lists it
+    with a TTFT of 0 and leaves it out of its own percentiles)."""
+    errors = bench.get("errors") or [""] * len(bench.get("ttfts", []))
+    return [
+        math.nan if err else x * 1e3
+        for x, err in zip(bench.get("ttfts", []), errors, strict=True)
+    ]
 
 
 def request_tpots(bench: dict) -> list[float]:
@@ -293,7 +305,7 @@ def ttft_split(steps: list[dict], ttfts_ms: list[float]) -> dict:
 
 # Request-level p99s whose sampling spread the report gives, and how often
 # the requests are resampled for it.
-SPREAD_METRICS = (("ttfts_ms", "TTFT p99"), ("tpots_ms", "TPOT p99"))
+SPREAD_METRICS = (("spread_ttfts_ms", "TTFT p99"), ("tpots_ms", "TPOT p99"))
 SPREAD_DRAWS = 1000
 
 
@@ -332,9 +344,13 @@ def p99_spread(
 
     rng = np.random.default_rng(seed)
     runs = paged + tagma
-    lens = {len(r["ttfts_ms"]) for r in runs}
-    same = len(lens) == 1 and all(
-        r.get("input_lens") == runs[0].get("input_lens") for r in runs
+    lens = {len(r[key]) for r in runs for key, _ in SPREAD_METRICS}
+    # Pairing needs to know the runs sent the same prompts.
+    prompts = [r.get("input_lens") or None for r in runs]
+    same = (
+        len(lens) == 1
+        and prompts[0] is not None
+        and prompts.count(prompts[0]) == len(runs)
     )
     out: dict = {"paired": same}
     for key, label in SPREAD_METRICS:
@@ -514,11 +530,9 @@ def main() -> int:
                 model = models.get(other[backend], models[backend])
                 row = summarize(steps, model)
                 client = clients[(name, workload)]
-                per_request = {
-                    k: client.pop(k) for k in ("ttfts_ms", "tpots_ms", "input_lens")
-                }
-                requests[backend].append(per_request)
-                ttfts = per_request["ttfts_ms"]
+                ttfts = client.pop("ttfts_ms")
+                keys = ("spread_ttfts_ms", "tpots_ms", "input_lens")
+                requests[backend].append({k: client.pop(k) for k in keys})
                 got = client.pop("arrivals_s")
                 row.update(client, **ttft_split(steps, ttfts))
                 row.update(front_end_lag(got, engine_ends[(name, workload)]))

@@ -290,7 +290,7 @@ def _requests(rng, base: list[float], scale: float = 1.0, noise: float = 0.0) ->
     # own noise.
     ttfts = [b * scale + rng.gauss(0, noise) for b in base]
     return {
-        "ttfts_ms": ttfts,
+        "spread_ttfts_ms": ttfts,
         "tpots_ms": [t / 5 for t in ttfts],
         "input_lens": list(range(len(base))),
     }
@@ -347,9 +347,35 @@ def test_p99_spread_resamples_each_run_alone_when_the_requests_differ() -> None:
     assert none["ratio"] != none["ratio"]
 
 
-def test_request_tpots_as_the_bench_computes_them() -> None:
-    bench = {"itls": [[0.01, 0.03], [], [0.02]], "output_lens": [3, 1, 2]}
+def test_per_request_ttft_and_tpot_as_the_bench_computes_them() -> None:
+    bench = {
+        "ttfts": [0.05, 0.0, 0.02],
+        "itls": [[0.01, 0.03], [], [0.02]],
+        "output_lens": [3, 1, 2],
+        "errors": ["", "connection reset", ""],
+    }
     got = tail.request_tpots(bench)
     assert got[0] == pytest.approx(20.0)
     assert got[1] != got[1]  # one token: no TPOT
     assert got[2] == pytest.approx(20.0)
+    ttfts = tail.request_ttfts(bench)
+    # The failed request's 0 TTFT is no fast request: left out.
+    assert ttfts[0] == pytest.approx(50.0) and ttfts[2] == pytest.approx(20.0)
+    assert ttfts[1] != ttfts[1]
+    # Results without the error list: every request counts.
+    assert tail.request_ttfts({"ttfts": [0.01]}) == [pytest.approx(10.0)]
+
+
+def test_p99_spread_without_the_prompt_lists_pairs_nothing() -> None:
+    import random
+
+    rng = random.Random(4)
+    # Results from before the bench kept input_lens, runs of unequal size.
+    for sizes in ((900, 899), (900, 900)):
+        paged = [_requests(rng, _base(rng, sizes[0])) for _ in range(2)]
+        tagma = [_requests(rng, _base(rng, sizes[1]))]
+        for r in paged + tagma:
+            r["input_lens"] = []
+        spread = tail.p99_spread(paged, tagma, draws=20)
+        assert not spread["paired"]
+        assert spread["TTFT p99"]["lo"] <= spread["TTFT p99"]["hi"]
