@@ -223,8 +223,7 @@ def client_side(run_dir: Path, workload: str) -> dict:
     return {
         "client_itl_p99_ms": _pct(itls, 0.99) if itls else math.nan,
         "tokens_per_chunk": tokens / chunks if chunks else math.nan,
-        "ttfts_ms": [x * 1e3 for x in bench.get("ttfts", [])],
-        "spread_ttfts_ms": request_ttfts(bench),
+        "ttfts_ms": request_ttfts(bench),
         "tpots_ms": request_tpots(bench),
         "input_lens": bench.get("input_lens", []),
         "arrivals_s": arrivals(bench),
@@ -290,6 +289,7 @@ def ttft_split(steps: list[dict], ttfts_ms: list[float]) -> dict:
     longest two consecutive steps bound its engine-side TTFT. Client TTFT
     above that bound was spent before the engine (the API server).
     """
+    ttfts_ms = [t for t in ttfts_ms if not math.isnan(t)]  # failed requests
     pairs = [a["ms"] + b["ms"] for a, b in zip(steps, steps[1:], strict=False)]
     bound = max(pairs, default=math.nan)
     queued = sum(1 for s in steps if s["waiting"] > 0)
@@ -305,25 +305,8 @@ def ttft_split(steps: list[dict], ttfts_ms: list[float]) -> dict:
 
 # Request-level p99s whose sampling spread the report gives, and how often
 # the requests are resampled for it.
-SPREAD_METRICS = (("spread_ttfts_ms", "TTFT p99"), ("tpots_ms", "TPOT p99"))
+SPREAD_METRICS = (("ttfts_ms", "TTFT p99"), ("tpots_ms", "TPOT p99"))
 SPREAD_DRAWS = 1000
-
-
-def _p99s(arrays: list, idx: list | None) -> list[float]:
-    import numpy as np
-
-    picks = idx or [None] * len(arrays)
-    return [
-        float(np.nanpercentile(a if i is None else a[i], 99))
-        for a, i in zip(arrays, picks, strict=True)
-    ]
-
-
-def _spread_ratios(v: list[float], num_paged: int) -> tuple[float, float]:
-    """tagma / paged (medians over runs) and paged's AA (run 2 / run 1)."""
-    p, t = v[:num_paged], v[num_paged:]
-    aa = p[1] / p[0] if len(p) > 1 else math.nan
-    return statistics.median(t) / statistics.median(p), aa
 
 
 def p99_spread(
@@ -353,31 +336,39 @@ def p99_spread(
         and prompts.count(prompts[0]) == len(runs)
     )
     out: dict = {"paired": same}
-    for key, label in SPREAD_METRICS:
-        arrays = [np.asarray(r[key], dtype=float) for r in runs]
-        if not paged or not tagma or any(not a.size for a in arrays):
-            out[label] = dict.fromkeys(
-                ("ratio", "lo", "hi", "aa", "aa_lo", "aa_hi"), math.nan
-            )
-            continue
-        point, aa = _spread_ratios(_p99s(arrays, None), len(paged))
-        got = []
-        for _ in range(draws):
-            if same:
-                idx = [rng.integers(0, arrays[0].size, arrays[0].size)] * len(arrays)
-            else:
-                idx = [rng.integers(0, a.size, a.size) for a in arrays]
-            got.append(_spread_ratios(_p99s(arrays, idx), len(paged)))
-        r = np.array(got)
-        lo, hi = np.percentile(r[:, 0], [2.5, 97.5])
-        aa_lo, aa_hi = (
-            np.percentile(r[:, 1], [2.5, 97.5]) if len(paged) > 1 else (math.nan,) * 2
+    nan = dict.fromkeys(("ratio", "lo", "hi", "aa", "aa_lo", "aa_hi"), math.nan)
+    if not paged or not tagma or 0 in lens:
+        return out | {label: nan for _, label in SPREAD_METRICS}
+    # One [draws, n] index matrix per run; row 0 is the sample as measured.
+    sizes = [len(r[SPREAD_METRICS[0][0]]) for r in runs]
+    shared = rng.integers(0, sizes[0], (draws, sizes[0])) if same else None
+    picks = [
+        np.vstack(
+            [
+                np.arange(n),
+                shared if shared is not None else rng.integers(0, n, (draws, n)),
+            ]
         )
+        for n in sizes
+    ]
+    k = len(paged)
+    for key, label in SPREAD_METRICS:
+        # [runs, 1 + draws] p99s, then per draw the ratios of medians over runs.
+        p99 = np.array(
+            [
+                np.nanpercentile(np.asarray(r[key], dtype=float)[idx], 99, axis=1)
+                for r, idx in zip(runs, picks, strict=True)
+            ]
+        )
+        ratio = np.median(p99[k:], axis=0) / np.median(p99[:k], axis=0)
+        aa = p99[1] / p99[0] if k > 1 else np.full(draws + 1, math.nan)
+        lo, hi = np.percentile(ratio[1:], [2.5, 97.5])
+        aa_lo, aa_hi = np.percentile(aa[1:], [2.5, 97.5])
         out[label] = {
-            "ratio": point,
+            "ratio": float(ratio[0]),
             "lo": float(lo),
             "hi": float(hi),
-            "aa": aa,
+            "aa": float(aa[0]),
             "aa_lo": float(aa_lo),
             "aa_hi": float(aa_hi),
         }
@@ -530,9 +521,10 @@ def main() -> int:
                 model = models.get(other[backend], models[backend])
                 row = summarize(steps, model)
                 client = clients[(name, workload)]
-                ttfts = client.pop("ttfts_ms")
-                keys = ("spread_ttfts_ms", "tpots_ms", "input_lens")
-                requests[backend].append({k: client.pop(k) for k in keys})
+                keys = ("ttfts_ms", "tpots_ms", "input_lens")
+                per_request = {k: client.pop(k) for k in keys}
+                requests[backend].append(per_request)
+                ttfts = per_request["ttfts_ms"]
                 got = client.pop("arrivals_s")
                 row.update(client, **ttft_split(steps, ttfts))
                 row.update(front_end_lag(got, engine_ends[(name, workload)]))

@@ -290,7 +290,7 @@ def _requests(rng, base: list[float], scale: float = 1.0, noise: float = 0.0) ->
     # own noise.
     ttfts = [b * scale + rng.gauss(0, noise) for b in base]
     return {
-        "spread_ttfts_ms": ttfts,
+        "ttfts_ms": ttfts,
         "tpots_ms": [t / 5 for t in ttfts],
         "input_lens": list(range(len(base))),
     }
