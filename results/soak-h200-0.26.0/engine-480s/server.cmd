@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m vllm.entrypoints.cli.main serve /tmp/tagma-bench/data/models/llama-3.2-1b --load-format dummy --seed 0 --port 50305 --kv-cache-backend tagma --max-model-len 4096 --num-gpu-blocks-override 384 --gpu-memory-utilization 0.3
