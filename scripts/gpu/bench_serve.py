@@ -92,6 +92,8 @@ class Suite:
     gpus: int = 1
     server_args: list[str] = field(default_factory=list)
     gate_lens: tuple[int, ...] = (8, 64, 512, 2048)
+    # The profiler window, in engine steps: skipped, then kept.
+    profile_window: tuple[int, int] = (48, 32)
     # Set per invocation (--baseline): extra server flags for paged only.
     paged_args: tuple[str, ...] = ()
 
@@ -161,6 +163,23 @@ HOST_BURST = Workload("host-1024", _random(128, 256, 1024, "--max-concurrency", 
 LONG_120K = Workload("long-120k", _random(120000, 256, 2), warmups=0)
 LONG_GATE = (8, 64, 512, 2048, 8192, 32768)
 SHAREGPT_POISSON = Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28))
+# Admissions of 512-1,021 uncached tokens (random prompts, a seed of their
+# own) arriving over time into a decode batch of 128 output tokens each.
+ADMIT = [
+    "--dataset-name",
+    "random",
+    "--random-input-len",
+    "768",
+    "--random-output-len",
+    "128",
+    "--random-range-ratio",
+    "0.33",
+    "--num-prompts",
+    "400",
+    "--seed",
+    "1",
+    *_poisson(28),
+]
 # The ITL tail: the 16K prefix burst, and arrivals over time at about 75 % of
 # what the burst runs sustained on the H200 (8b-16k: ShareGPT 38 requests/s,
 # prefix 16 requests/s), long enough (~30 s, about 1,000 requests) for a
@@ -256,6 +275,21 @@ SUITES = {
             [SHAREGPT_POISSON],
             gate_lens=(8, 512, 8192),
         ),
+        # 8b-128k-poisson with a profiler window over admission steps: after
+        # each run's Poisson workload, 400 uncached prompts of 512-1,021
+        # tokens arrive at its rate into a running decode batch, and 384
+        # steps are kept (about one in five admits a prompt), so the GPU time
+        # of steps that admit 512-1,023 prefill tokens can be compared
+        # between backends, part by part (profile_trace.by_prefill).
+        Suite(
+            "8b-128k-admit",
+            "llama-3.1-8b",
+            131072,
+            [SHAREGPT_POISSON],
+            profile=Workload("profile-admit", ADMIT, warmups=0),
+            profile_window=(64, 384),
+            gate_lens=(8, 512, 8192),
+        ),
         # 8b-128k's long workload alone: the ShareGPT burst of 300 is
         # superseded by 8b-128k-tail's 1,200, and a run without it and the
         # profile fits more runs in a device session.
@@ -346,9 +380,6 @@ SUITES = {
     ]
 }
 
-# Decode steps the profiler skips (prefill of the profile workload) and keeps.
-PROFILE_DELAY, PROFILE_STEPS = 48, 32
-
 
 class BenchError(RuntimeError):
     """A stop with a message for the user (exit code 1)."""
@@ -408,8 +439,8 @@ def serve_cmd(
         "torch_profiler_dir": str(trace_dir),
         "torch_profiler_with_stack": False,
         "ignore_frontend": True,
-        "delay_iterations": PROFILE_DELAY,
-        "max_iterations": PROFILE_STEPS,
+        "delay_iterations": suite.profile_window[0],
+        "max_iterations": suite.profile_window[1],
     }
     return [
         *VLLM,
@@ -877,7 +908,11 @@ def measure(
     if suite.profile is not None and profile:
         log(f"{tag}: profiler window")
         run_bench(suite.profile, server, env, model_dir, paths["data"], run_dir, True)
-        prof = profile_trace.summarize_dir(started.dir / "trace", wait_s=60)
+        # A long window's trace takes longer to write.
+        wait_s = 60 + suite.profile_window[1] // 2
+        prof = profile_trace.summarize_dir(
+            started.dir / "trace", wait_s=wait_s, sched_dir=started.dir
+        )
         (run_dir / "profile.json").write_text(json.dumps(prof, indent=1))
         log(f"{tag}: profile {profile_trace.brief(prof)}")
     return {

@@ -10,10 +10,20 @@ and writes the slot mapping in one launch, or its two-kernel variants), so
 consecutive slot-mapping launches delimit steps on the GPU timeline.
 Per step: the step period (launch to launch), the GPU time of the
 block-table materialization and of slot mapping, and the share of the period.
+
+With the serve harness's scheduler trace beside it (sched-<pid>.tsv, whose C
+rows say what each step asked of the GPU), `by_prefill` also sorts the steps
+by the prefill tokens they carried and splits each step's GPU time into
+attention, GEMMs, the KV write, the write path and the rest: what an
+admission step costs on the GPU under each backend. A step is matched to its
+C row through the CPU time its slot-mapping kernel was launched (the trace's
+runtime event with the same correlation id, on the Unix clock through
+baseTimeNanoseconds): the last C row written before that launch.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import statistics
@@ -32,16 +42,43 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def load(path: Path) -> list[dict]:
+def _read(path: Path) -> dict | list:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        trace = json.load(f)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        return json.load(f)
+
+
+def _kernels(events: list[dict]) -> list[dict]:
     return [
         e
         for e in events
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
     ]
+
+
+def load(path: Path) -> list[dict]:
+    trace = _read(path)
+    return _kernels(trace["traceEvents"] if isinstance(trace, dict) else trace)
+
+
+def load_with_launches(path: Path) -> tuple[list[dict], dict[int, int]]:
+    """The kernels, and each runtime launch's CPU time (Unix ns) by correlation
+    id; no launch times when the trace has no baseTimeNanoseconds."""
+    trace = _read(path)
+    if not isinstance(trace, dict):
+        return _kernels(trace), {}
+    events = trace["traceEvents"]
+    base = trace.get("baseTimeNanoseconds")
+    launches: dict[int, int] = {}
+    if base is not None:
+        for e in events:
+            corr = (e.get("args") or {}).get("correlation")
+            # Triton kernels launch through the driver API, CUDA C++ ones
+            # through the runtime.
+            cat = str(e.get("cat", "")).lower()
+            if corr is not None and cat in ("cuda_runtime", "cuda_driver"):
+                launches[int(corr)] = int(base) + int(float(e["ts"]) * 1000)
+    return _kernels(events), launches
 
 
 def _median(xs: list[float]) -> float | None:
@@ -87,8 +124,114 @@ def summarize(kernels: list[dict]) -> dict:
     }
 
 
-def summarize_dir(folder: Path, wait_s: float = 0.0) -> dict:
-    """Summarize the newest trace under folder, waiting for it to be written."""
+# GPU time of a step by what the kernel does. The KV write
+# (reshape_and_cache_flash) is named like attention, so it is matched first.
+PARTS = (
+    ("kv_write", ("reshape_and_cache",)),
+    ("attention", ("flash", "attn", "attention", "fmha")),
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90_")),
+)
+# Prefill tokens a step carried (scheduler trace C rows), in buckets.
+PREFILL_BUCKETS = ((0, 0), (1, 511), (512, 1023), (1024, 1 << 40))
+# A launch more than this after the last C row is not matched to a step.
+MATCH_NS = 1_000_000_000
+
+
+def _part(name: str) -> str:
+    if _kind(name) is not None:
+        return "write_path"
+    low = name.lower()
+    for part, keys in PARTS:
+        if any(k in low for k in keys):
+            return part
+    return "other"
+
+
+def _bucket(tokens: int) -> str:
+    for lo, hi in PREFILL_BUCKETS:
+        if lo <= tokens <= hi:
+            return str(lo) if lo == hi else f"{lo}+" if hi >= 1 << 40 else f"{lo}-{hi}"
+    raise ValueError(tokens)
+
+
+def compositions(sched_dir: Path) -> list[tuple[int, int, int, int]]:
+    """The scheduler trace's C rows under sched_dir: (wall ns, admitted,
+    prefill tokens, decodes), in time order."""
+    rows = []
+    for tsv in sorted(sched_dir.glob("sched-*.tsv")):
+        for line in tsv.read_text().splitlines():
+            f = line.split("\t")
+            if f[0] == "C" and len(f) >= 6:
+                rows.append((int(f[1]), int(f[2]), int(f[4]), int(f[5])))
+    return sorted(rows)
+
+
+def by_prefill(
+    kernels: list[dict],
+    launches: dict[int, int],
+    comps: list[tuple[int, int, int, int]],
+) -> dict:
+    """Each profiled step matched to the scheduler's C row of that step, and
+    its GPU time by part, summarized per bucket of prefill tokens."""
+    kernels = sorted(kernels, key=lambda e: float(e["ts"]))
+    marks = [i for i, e in enumerate(kernels) if _kind(e["name"]) in ("slot", "fused")]
+    walls = [c[0] for c in comps]
+    steps, unmatched = [], 0
+    for a, b in zip(marks, marks[1:], strict=False):
+        corr = (kernels[a].get("args") or {}).get("correlation")
+        launch = launches.get(int(corr)) if corr is not None else None
+        if launch is None:
+            unmatched += 1
+            continue
+        k = bisect.bisect_right(walls, launch) - 1
+        if k < 0 or launch - walls[k] > MATCH_NS:
+            unmatched += 1
+            continue
+        parts = dict.fromkeys(
+            ("write_path", "kv_write", "attention", "gemm", "other"), 0.0
+        )
+        for e in kernels[a:b]:
+            parts[_part(e["name"])] += float(e["dur"])
+        _, admitted, prefill, decodes = comps[k]
+        steps.append(
+            {
+                "prefill": prefill,
+                "admitted": admitted,
+                "decodes": decodes,
+                "period_us": float(kernels[b]["ts"]) - float(kernels[a]["ts"]),
+                "busy_us": sum(parts.values()),
+                **{f"{p}_us": v for p, v in parts.items()},
+            }
+        )
+    buckets: dict[str, dict] = {}
+    for lo, hi in PREFILL_BUCKETS:
+        sel = [s for s in steps if lo <= s["prefill"] <= hi]
+        if not sel:
+            continue
+        row: dict = {"steps": len(sel)}
+        for key in ("prefill", "decodes"):
+            row[f"{key}_mean"] = round(statistics.fmean(s[key] for s in sel), 1)
+        for key in (
+            "period_us",
+            "busy_us",
+            "write_path_us",
+            "kv_write_us",
+            "attention_us",
+            "gemm_us",
+            "other_us",
+        ):
+            xs = [s[key] for s in sel]
+            row[key] = round(statistics.median(xs), 1)
+            row[key.replace("_us", "_mean_us")] = round(statistics.fmean(xs), 1)
+        buckets[_bucket(lo)] = row
+    return {"matched": len(steps), "unmatched": unmatched, "buckets": buckets}
+
+
+def summarize_dir(
+    folder: Path, wait_s: float = 0.0, sched_dir: Path | None = None
+) -> dict:
+    """Summarize the newest trace under folder, waiting for it to be written;
+    with sched_dir (the scheduler trace of the same server), also by_prefill."""
     deadline = time.monotonic() + wait_s
     last_size = -1
     while True:
@@ -107,7 +250,11 @@ def summarize_dir(folder: Path, wait_s: float = 0.0) -> dict:
             break
         time.sleep(2)
     try:
-        out = summarize(load(files[-1]))
+        kernels, launches = load_with_launches(files[-1])
+        out = summarize(kernels)
+        comps = compositions(sched_dir) if sched_dir is not None else []
+        if comps and out.get("steps"):
+            out["by_prefill"] = by_prefill(kernels, launches, comps)
     except (OSError, ValueError, KeyError, EOFError) as e:
         return {"steps": 0, "error": f"{files[-1].name}: {e}"}
     out["trace"] = files[-1].name

@@ -475,6 +475,7 @@ def write(folders: list[Path], out: Path) -> dict:
                     f"{100 * p['write_path_share']:.3f} % |"
                 )
             lines.append("")
+            lines += by_prefill_lines(suite, profs)
             # One profile a backend in the summary: its first run's.
             summary[suite]["profile"] = {}
             for b, _, p in profs:
@@ -484,6 +485,50 @@ def write(folders: list[Path], out: Path) -> dict:
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def by_prefill_lines(suite: str, profs: list[tuple[str, str, dict]]) -> list[str]:
+    """The profiled steps by prefill tokens, GPU time by part (medians, µs)."""
+    rows = [
+        (backend, label, bucket, r)
+        for backend, label, p in profs
+        for bucket, r in (p.get("by_prefill") or {}).get("buckets", {}).items()
+    ]
+    if not rows:
+        return []
+    lines = [
+        f"### {suite} / GPU time per step by prefill tokens (torch.profiler)",
+        "",
+        (
+            "Profiled steps matched to the scheduler trace's step composition; "
+            "medians in µs."
+        ),
+        "",
+        (
+            "| backend | run | prefill tokens | steps | mean prefill | "
+            "mean decodes | GPU busy | attention | GEMM | KV write | "
+            "write path | other | step period |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for backend, label, bucket, r in rows:
+        lines.append(
+            f"| {backend} | {label} | {bucket} | {r['steps']} | "
+            f"{r['prefill_mean']:,.0f} | {r['decodes_mean']:.0f} | "
+            f"{r['busy_us']:,.0f} | {r['attention_us']:,.0f} | "
+            f"{r['gemm_us']:,.0f} | {r['kv_write_us']:.1f} | "
+            f"{r['write_path_us']:.1f} | {r['other_us']:,.0f} | "
+            f"{r['period_us']:,.0f} |"
+        )
+    unmatched = [
+        f"{backend} {label}: {p['by_prefill']['unmatched']}"
+        for backend, label, p in profs
+        if (p.get("by_prefill") or {}).get("unmatched")
+    ]
+    if unmatched:
+        lines.append("")
+        lines.append("Steps not matched to a scheduler step: " + ", ".join(unmatched))
+    return [*lines, ""]
 
 
 def _plot(folder: Path, suite: str, summary: dict) -> None:

@@ -10,6 +10,7 @@ the correctness gate, server-death detection, profile parsing, the report.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -347,6 +348,7 @@ def test_suites_share_gpus_in_waves():
         ("1b-burst-api4", "1b-host-api4", 0),
         ("8b-128k-long", "8b-128k", 1),
         ("8b-128k-poisson", "8b-128k-tail", 1),
+        ("8b-128k-admit", "8b-128k-tail", 1),
     ],
 )
 def test_a_one_workload_suite_is_its_suites_workload(alone_name, whole_name, index):
@@ -363,6 +365,121 @@ def test_a_one_workload_suite_is_its_suites_workload(alone_name, whole_name, ind
         whole.server_args,
         whole.gpus,
     )
+
+
+def _step_kernels(t: float, corr: int, prefill_us: float) -> list[dict]:
+    """One engine step's kernels: its slot-mapping mark, the KV write,
+    attention, a GEMM that grows with the prefill and a norm."""
+    return [
+        {
+            "name": "_compute_slot_mappings_kernel",
+            "ts": t,
+            "dur": 2.0,
+            "args": {"correlation": corr},
+        },
+        {"name": "reshape_and_cache_flash_kernel", "ts": t + 3, "dur": 4.0},
+        {"name": "void flash::flash_fwd_splitkv_kernel", "ts": t + 8, "dur": 30.0},
+        {"name": "sm90_xmma_gemm_bf16", "ts": t + 40, "dur": 100.0 + prefill_us},
+        {"name": "rms_norm_kernel", "ts": t + 300, "dur": 5.0},
+    ]
+
+
+def test_profiled_steps_are_matched_to_their_scheduler_step():
+    """by_prefill matches each step's slot-mapping launch to the last C row
+    written before it and splits the step's GPU time by part per bucket."""
+    base = 1_700_000_000_000_000_000
+    kernels, launches, comps = [], {}, []
+    # Steps every 1,000 µs on the GPU; prefill 0, 700, 0, 2,000, 0 tokens.
+    prefills = [0, 700, 0, 2000, 0]
+    for i, prefill in enumerate(prefills):
+        kernels += _step_kernels(1000.0 * i, 10 + i, prefill / 10)
+        # schedule() returned 300 µs before the launch; the launch's CPU time
+        # is on the Unix clock through the runtime event.
+        launch = base + i * 1_000_000 + 50_000
+        launches[10 + i] = launch
+        comps.append((launch - 300_000, int(prefill > 0), prefill, 4))
+    kernels.append(
+        {
+            "name": "_compute_slot_mappings_kernel",
+            "ts": 5000.0,
+            "dur": 2.0,
+            "args": {"correlation": 99},
+        }
+    )
+    out = profile_trace.by_prefill(kernels, launches, comps)
+    assert out["matched"] == 5 and out["unmatched"] == 0
+    b = out["buckets"]
+    assert set(b) == {"0", "512-1023", "1024+"}
+    assert b["0"]["steps"] == 3 and b["512-1023"]["steps"] == 1
+    assert b["512-1023"]["gemm_us"] == 170.0
+    assert b["1024+"]["gemm_us"] == 300.0
+    assert b["0"]["attention_us"] == 30.0 and b["0"]["kv_write_us"] == 4.0
+    assert b["0"]["write_path_us"] == 2.0 and b["0"]["other_us"] == 5.0
+    assert b["0"]["busy_us"] == 141.0 and b["0"]["period_us"] == 1000.0
+    assert b["512-1023"]["prefill_mean"] == 700.0
+    # A launch with no C row before it (or too long after one) is not
+    # matched to a step, and is counted.
+    late = {k: v + 5_000_000_000 for k, v in launches.items()}
+    late[10] = launches[10]
+    assert profile_trace.by_prefill(kernels, late, comps)["unmatched"] == 4
+
+
+def test_summarize_dir_reads_launch_times_and_the_scheduler_trace(tmp_path):
+    base = 1_700_000_000_000_000_000
+    events = []
+    for i, prefill in enumerate([0, 600, 0]):
+        events += [
+            {"ph": "X", "cat": "kernel", **k}
+            for k in _step_kernels(1000.0 * i, i, prefill / 10)
+        ]
+        # The runtime event's ts is µs after baseTimeNanoseconds.
+        events.append(
+            {
+                "ph": "X",
+                # A Triton kernel's launch: the driver API.
+                "cat": "cuda_driver",
+                "name": "cuLaunchKernelEx",
+                "ts": 1000.0 * i - 10,
+                "dur": 3,
+                "args": {"correlation": i},
+            }
+        )
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    with gzip.open(trace / "w.pt.trace.json.gz", "wt") as f:
+        json.dump({"baseTimeNanoseconds": base, "traceEvents": events}, f)
+    rows = [
+        f"C\t{base + 1_000_000 * i - 200_000}\t1\t0\t{p}\t3"
+        for i, p in enumerate([0, 600, 0])
+    ]
+    (tmp_path / "sched-7.tsv").write_text("\n".join(rows) + "\n")
+    out = profile_trace.summarize_dir(trace, sched_dir=tmp_path)
+    assert out["steps"] == 2
+    assert out["by_prefill"]["matched"] == 2
+    assert out["by_prefill"]["buckets"]["512-1023"]["gemm_us"] == 160.0
+    lines = report_mod.by_prefill_lines("s", [("tagma", "run 2", out)])
+    assert any(
+        line.startswith("| tagma | run 2 | 512-1023 | 1 | 600 |") for line in lines
+    )
+    # Without a scheduler trace the decode summary stands alone.
+    assert "by_prefill" not in profile_trace.summarize_dir(trace)
+
+
+def test_the_admission_profile_window_keeps_hundreds_of_steps():
+    s = bench_serve.SUITES["8b-128k-admit"]
+    assert s.profile is not None and s.profile_window == (64, 384)
+    args = s.profile.args
+    # Uncached prompts of 512-1,021 tokens: random, a seed of their own.
+    assert args[args.index("--dataset-name") + 1] == "random"
+    assert args[args.index("--seed") + 1] == "1"
+    cmd = bench_serve.serve_cmd(s, "tagma", 8000, Path("/m"), Path("/r"))
+    prof = json.loads(cmd[cmd.index("--profiler-config") + 1])
+    assert (prof["delay_iterations"], prof["max_iterations"]) == (64, 384)
+    other = bench_serve.serve_cmd(
+        bench_serve.SUITES["8b-16k"], "paged", 8000, Path("/m"), Path("/r")
+    )
+    prof = json.loads(other[other.index("--profiler-config") + 1])
+    assert (prof["delay_iterations"], prof["max_iterations"]) == (48, 32)
 
 
 def test_the_1b_poisson_workload_arrives_at_70_per_second():
