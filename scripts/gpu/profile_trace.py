@@ -132,7 +132,17 @@ PARTS = (
     ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90_")),
 )
 # Prefill tokens a step carried (scheduler trace C rows), in buckets.
-PREFILL_BUCKETS = ((0, 0), (1, 511), (512, 1023), (1024, 1 << 40))
+PREFILL_BUCKETS = {
+    "0": (0, 0),
+    "1-511": (1, 511),
+    "512-1023": (512, 1023),
+    "1024+": (1024, 1 << 40),
+}
+# Per step, what profile.json keeps (the trace stays on the GPU host).
+STEP_FIELDS = (
+    *("prefill", "decodes", "busy_us", "attention_us", "gemm_us"),
+    *("kv_write_us", "write_path_us", "other_us", "period_us"),
+)
 # A launch more than this after the last C row is not matched to a step.
 MATCH_NS = 1_000_000_000
 
@@ -145,13 +155,6 @@ def _part(name: str) -> str:
         if any(k in low for k in keys):
             return part
     return "other"
-
-
-def _bucket(tokens: int) -> str:
-    for lo, hi in PREFILL_BUCKETS:
-        if lo <= tokens <= hi:
-            return str(lo) if lo == hi else f"{lo}+" if hi >= 1 << 40 else f"{lo}-{hi}"
-    raise ValueError(tokens)
 
 
 def compositions(sched_dir: Path) -> list[tuple[int, int, int, int]]:
@@ -204,7 +207,7 @@ def by_prefill(
             }
         )
     buckets: dict[str, dict] = {}
-    for lo, hi in PREFILL_BUCKETS:
+    for label, (lo, hi) in PREFILL_BUCKETS.items():
         sel = [s for s in steps if lo <= s["prefill"] <= hi]
         if not sel:
             continue
@@ -223,8 +226,14 @@ def by_prefill(
             xs = [s[key] for s in sel]
             row[key] = round(statistics.median(xs), 1)
             row[key.replace("_us", "_mean_us")] = round(statistics.fmean(xs), 1)
-        buckets[_bucket(lo)] = row
-    return {"matched": len(steps), "unmatched": unmatched, "buckets": buckets}
+        buckets[label] = row
+    return {
+        "matched": len(steps),
+        "unmatched": unmatched,
+        "buckets": buckets,
+        "step_fields": list(STEP_FIELDS),
+        "steps": [[round(s[f], 1) for f in STEP_FIELDS] for s in steps],
+    }
 
 
 def summarize_dir(

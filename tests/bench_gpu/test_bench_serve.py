@@ -417,6 +417,10 @@ def test_profiled_steps_are_matched_to_their_scheduler_step():
     assert b["0"]["write_path_us"] == 2.0 and b["0"]["other_us"] == 5.0
     assert b["0"]["busy_us"] == 141.0 and b["0"]["period_us"] == 1000.0
     assert b["512-1023"]["prefill_mean"] == 700.0
+    # Every matched step is kept, in order, for analysis without the trace.
+    fields = out["step_fields"]
+    assert [st[fields.index("prefill")] for st in out["steps"]] == prefills
+    assert out["steps"][3][fields.index("gemm_us")] == 300.0
     # A launch with no C row before it (or too long after one) is not
     # matched to a step, and is counted.
     late = {k: v + 5_000_000_000 for k, v in launches.items()}
