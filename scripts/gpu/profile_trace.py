@@ -178,9 +178,15 @@ def by_prefill(
     its GPU time by part, summarized per bucket of prefill tokens."""
     kernels = sorted(kernels, key=lambda e: float(e["ts"]))
     marks = [i for i, e in enumerate(kernels) if _kind(e["name"]) in ("slot", "fused")]
+    # Paged's block-table gather runs just before its step's mark: it starts
+    # that step's kernels, so a step's write path is its own.
+    starts = [
+        i - 1 if i > 0 and _kind(kernels[i - 1]["name"]) == "materialize" else i
+        for i in marks
+    ]
     walls = [c[0] for c in comps]
     steps, unmatched = [], 0
-    for a, b in zip(marks, marks[1:], strict=False):
+    for n, (a, b) in enumerate(zip(marks, marks[1:], strict=False)):
         corr = (kernels[a].get("args") or {}).get("correlation")
         launch = launches.get(int(corr)) if corr is not None else None
         if launch is None:
@@ -193,7 +199,7 @@ def by_prefill(
         parts = dict.fromkeys(
             ("write_path", "kv_write", "attention", "gemm", "other"), 0.0
         )
-        for e in kernels[a:b]:
+        for e in kernels[starts[n] : starts[n + 1]]:
             parts[_part(e["name"])] += float(e["dur"])
         _, admitted, prefill, decodes = comps[k]
         steps.append(

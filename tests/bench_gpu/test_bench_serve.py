@@ -465,6 +465,19 @@ def test_summarize_dir_reads_launch_times_and_the_scheduler_trace(tmp_path):
     assert any(
         line.startswith("| tagma | run 2 | 512-1023 | 1 | 600 |") for line in lines
     )
+    # Paged's gather, launched just before its step's slot mapping, counts
+    # in its own step, not the one before.
+    gathered = []
+    for i, prefill in enumerate([0, 600, 0]):
+        step = _step_kernels(1000.0 * i, i, prefill / 10)
+        gather = {"name": "_gather_block_tables_kernel", "ts": 1000.0 * i - 5}
+        gathered += [{**gather, "dur": 3.0 + i}, *step]
+    launches = {i: base + 1_000_000 * i - 10_000 for i in range(3)}
+    comps = [
+        (base + 1_000_000 * i - 200_000, 1, p, 3) for i, p in enumerate([0, 600, 0])
+    ]
+    b = profile_trace.by_prefill(gathered, launches, comps)["buckets"]
+    assert b["0"]["write_path_us"] == 5.0 and b["512-1023"]["write_path_us"] == 6.0
     # Without a scheduler trace the decode summary stands alone.
     assert "by_prefill" not in profile_trace.summarize_dir(trace)
 
