@@ -164,22 +164,11 @@ LONG_120K = Workload("long-120k", _random(120000, 256, 2), warmups=0)
 LONG_GATE = (8, 64, 512, 2048, 8192, 32768)
 SHAREGPT_POISSON = Workload("sharegpt-poisson", _sharegpt(900) + _poisson(28))
 # Admissions of 512-1,021 uncached tokens (random prompts, a seed of their
-# own) arriving over time into a decode batch of 128 output tokens each.
-ADMIT = [
-    "--dataset-name",
-    "random",
-    "--random-input-len",
-    "768",
-    "--random-output-len",
-    "128",
-    "--random-range-ratio",
-    "0.33",
-    "--num-prompts",
-    "400",
-    "--seed",
-    "1",
-    *_poisson(28),
-]
+# own) arriving over time into a decode batch of 128 output tokens each; the
+# range ratio and seed come after _random's and win, as _poisson's rate does.
+ADMIT = _random(
+    768, 128, 400, "--random-range-ratio", "0.33", "--seed", "1", *_poisson(28)
+)
 # The ITL tail: the 16K prefix burst, and arrivals over time at about 75 % of
 # what the burst runs sustained on the H200 (8b-16k: ShareGPT 38 requests/s,
 # prefix 16 requests/s), long enough (~30 s, about 1,000 requests) for a

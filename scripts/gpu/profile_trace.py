@@ -27,8 +27,12 @@ import bisect
 import gzip
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import trace_files, trace_lines  # noqa: E402
 
 MATERIALIZE = ("_gather_block_tables_kernel", "_expand_ranges_kernel")
 SLOT = ("_compute_slot_mappings_kernel", "_compute_slot_mappings_tagma_kernel")
@@ -56,11 +60,6 @@ def _kernels(events: list[dict]) -> list[dict]:
     ]
 
 
-def load(path: Path) -> list[dict]:
-    trace = _read(path)
-    return _kernels(trace["traceEvents"] if isinstance(trace, dict) else trace)
-
-
 def load_with_launches(path: Path) -> tuple[list[dict], dict[int, int]]:
     """The kernels, and each runtime launch's CPU time (Unix ns) by correlation
     id; no launch times when the trace has no baseTimeNanoseconds."""
@@ -85,9 +84,14 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _marks(kernels: list[dict]) -> list[int]:
+    """Where each step starts in time-sorted kernels: its slot-mapping launch."""
+    return [i for i, e in enumerate(kernels) if _kind(e["name"]) in ("slot", "fused")]
+
+
 def summarize(kernels: list[dict]) -> dict:
     kernels = sorted(kernels, key=lambda e: float(e["ts"]))
-    marks = [i for i, e in enumerate(kernels) if _kind(e["name"]) in ("slot", "fused")]
+    marks = _marks(kernels)
     steps = []
     for a, b in zip(marks, marks[1:], strict=False):
         # A step runs from one slot-mapping launch to the next; its
@@ -161,8 +165,8 @@ def compositions(sched_dir: Path) -> list[tuple[int, int, int, int]]:
     """The scheduler trace's C rows under sched_dir: (wall ns, admitted,
     prefill tokens, decodes), in time order."""
     rows = []
-    for tsv in sorted(sched_dir.glob("sched-*.tsv")):
-        for line in tsv.read_text().splitlines():
+    for tsv in trace_files(sched_dir):
+        for line in trace_lines(tsv):
             f = line.split("\t")
             if f[0] == "C" and len(f) >= 6:
                 rows.append((int(f[1]), int(f[2]), int(f[4]), int(f[5])))
@@ -177,7 +181,7 @@ def by_prefill(
     """Each profiled step matched to the scheduler's C row of that step, and
     its GPU time by part, summarized per bucket of prefill tokens."""
     kernels = sorted(kernels, key=lambda e: float(e["ts"]))
-    marks = [i for i, e in enumerate(kernels) if _kind(e["name"]) in ("slot", "fused")]
+    marks = _marks(kernels)
     # Paged's block-table gather runs just before its step's mark: it starts
     # that step's kernels, so a step's write path is its own.
     starts = [
@@ -229,9 +233,7 @@ def by_prefill(
             "gemm_us",
             "other_us",
         ):
-            xs = [s[key] for s in sel]
-            row[key] = round(statistics.median(xs), 1)
-            row[key.replace("_us", "_mean_us")] = round(statistics.fmean(xs), 1)
+            row[key] = round(statistics.median(s[key] for s in sel), 1)
         buckets[label] = row
     return {
         "matched": len(steps),

@@ -489,6 +489,9 @@ def test_the_admission_profile_window_keeps_hundreds_of_steps():
     # Uncached prompts of 512-1,021 tokens: random, a seed of their own.
     assert args[args.index("--dataset-name") + 1] == "random"
     assert args[args.index("--seed") + 1] == "1"
+    # argparse keeps the last value: the range ratio that follows _random's.
+    last = len(args) - 1 - args[::-1].index("--random-range-ratio")
+    assert args[last + 1] == "0.33"
     cmd = bench_serve.serve_cmd(s, "tagma", 8000, Path("/m"), Path("/r"))
     prof = json.loads(cmd[cmd.index("--profiler-config") + 1])
     assert (prof["delay_iterations"], prof["max_iterations"]) == (64, 384)
